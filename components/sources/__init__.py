@@ -1,0 +1,38 @@
+"""Data sources for ExampleGen: each returns (iterator of RawExample, total or None)."""
+from __future__ import annotations
+
+from typing import Callable
+
+
+def _synthetic(cfg):
+    from components.sources import synthetic
+    return (synthetic.generate(cfg.num_images, image_size=cfg.image_size,
+                               min_objects=cfg.min_objects, max_objects=cfg.max_objects,
+                               captions_per_image=cfg.captions_per_image, seed=cfg.seed),
+            cfg.num_images)
+
+
+def _coco(cfg):
+    from components.sources import coco
+    return coco.read_coco(cfg.captions_json, cfg.images_dir)
+
+
+def _karpathy(cfg):
+    from components.sources import karpathy
+    return karpathy.read_karpathy(cfg.captions_json, cfg.images_dir)
+
+
+def _tfds(cfg):
+    from components.sources import tfds_source
+    return tfds_source.read_tfds(cfg.tfds_name, cfg.tfds_data_dir, cfg.tfds_splits)
+
+
+SOURCES: dict[str, Callable] = {"synthetic": _synthetic, "coco": _coco,
+                                "karpathy": _karpathy, "tfds": _tfds}
+
+
+def get_source(name: str) -> Callable:
+    """The reader for `data.source`."""
+    if name not in SOURCES:
+        raise ValueError(f"unknown data.source {name!r}; choose one of {', '.join(SOURCES)}")
+    return SOURCES[name]

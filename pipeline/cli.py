@@ -1,0 +1,156 @@
+"""`captioner`: the one command-line entry point.
+
+Subcommands: `run` (pipeline stages), `inspect` (metadata store), `serve`
+(TF-Serving-compatible server), `caption` (gRPC client), `config` (show a
+resolved config or the reference of every key), `demo` (the whole main job).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pipeline import config as config_lib
+from pipeline import dag
+
+
+def _quiet_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="demo",
+                   help=f"named config ({', '.join(config_lib.named_configs())}) or a .py path")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                   help="override a config value, e.g. --set train.batch_size=8 (repeatable)")
+
+
+def _cmd_run(args) -> int:
+    from pipeline.runner import Runner
+    config = config_lib.load_config(args.config, args.overrides)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    for name in stages or []:
+        if name not in dag.STAGE_NAMES:
+            raise config_lib.ConfigError(
+                f"unknown stage {name!r}; stages: {', '.join(dag.STAGE_NAMES)}")
+    runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg)
+    summary = runner.run(stages)
+    print(f"run summary: {os.path.join(os.path.abspath(args.root), 'run_summary.json')}")
+    for name, st in summary["stages"].items():
+        print(f"  {name:15s} {st['status']:7s} execution {st['execution_id']}  "
+              f"{json.dumps(st.get('counts', {}), default=str)}")
+    if summary.get("metrics"):
+        keys = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",
+                "relation_accuracy", "grounding", "grounding_noun")
+        shown = {k: summary["metrics"][k] for k in keys if k in summary["metrics"]}
+        print("  metrics: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in shown.items()))
+    if "blessed" in summary and not summary["blessed"]:
+        print("  model NOT blessed: nothing was pushed (see the Blessing artifact for reasons)")
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from pipeline.runner import inspect
+    info = inspect(args.root)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    print(f"pipeline root: {info['root']}")
+    for x in info["executions"]:
+        reused = f" (reuses {x['reused_execution']})" if x["reused_execution"] else ""
+        secs = f" {x['seconds']}s" if x["seconds"] is not None else ""
+        print(f"#{x['id']:<4d} {x['stage']:15s} {x['state']:9s}{reused} {x['started']}{secs}"
+              f" fp={x['fingerprint']}")
+        for e in x["inputs"]:
+            print(f"       <- {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}")
+        for e in x["outputs"]:
+            print(f"       -> {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}")
+        if x["counts"]:
+            print(f"       counts {json.dumps(x['counts'], default=str)}")
+        if x["error"]:
+            print(f"       error: {x['error'].strip()}")
+    return 0
+
+
+def _cmd_config(args) -> int:
+    if args.reference:
+        print(config_reference_markdown())
+        return 0
+    config = config_lib.load_config(args.config, args.overrides)
+    print(json.dumps(config_lib.to_dict(config), indent=2))
+    return 0
+
+
+def config_reference_markdown() -> str:
+    """The config reference table, generated from the dataclasses."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, typ, default, comment in config_lib.describe_fields():
+        lines.append(f"| `{key}` | {typ} | `{json.dumps(default)}` | {comment} |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="captioner", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run pipeline stages (with caching)")
+    _add_config_args(p)
+    p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
+    p.add_argument("--stages", default="",
+                   help=f"comma-separated subset of {','.join(dag.STAGE_NAMES)}")
+    p.add_argument("--no-cache", action="store_true", help="re-run every selected stage")
+    p.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
+                   help="extra Beam pipeline option, e.g. --beam-arg=--runner=FlinkRunner")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("inspect", help="show executions, artifacts and lineage")
+    p.add_argument("--root", default="pipeline_root")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("config", help="print a resolved config, or --reference for every key")
+    _add_config_args(p)
+    p.add_argument("--reference", action="store_true")
+    p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
+    p.set_defaults(func=None, delegate="serving.server:main")
+    p = sub.add_parser("caption", help="caption images through a gRPC server", add_help=False)
+    p.set_defaults(func=None, delegate="serving.client:caption_main")
+    p = sub.add_parser("demo", help="the whole main job on the synthetic data", add_help=False)
+    p.set_defaults(func=None, delegate="pipeline.demo:main")
+    return parser
+
+
+def main(argv=None) -> int:
+    _quiet_tensorflow()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # serve / caption / demo own their flags: hand them the rest of the line.
+    if argv and argv[0] in ("serve", "caption", "demo"):
+        import importlib
+        module, func = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
+                        "demo": "pipeline.demo:main"}[argv[0]].split(":")
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except config_lib.ConfigError as e:
+        print(f"captioner: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("captioner: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # the stage errors users can act on
+        from pipeline.runner import StageError
+        if isinstance(e, StageError):
+            print(f"captioner: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

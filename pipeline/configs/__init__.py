@@ -1,0 +1,1 @@
+"""Named configs: each module exposes get_config()."""

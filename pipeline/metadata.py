@@ -1,0 +1,141 @@
+"""The SQLite metadata store: executions, artifacts and lineage events."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any, Iterable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS executions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  stage TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  state TEXT NOT NULL,            -- running | complete | failed | abandoned | cached
+  reused_execution INTEGER,       -- for cached: the execution whose outputs were reused
+  started REAL NOT NULL,
+  finished REAL,
+  config TEXT,
+  counts TEXT,
+  error TEXT
+);
+CREATE TABLE IF NOT EXISTS artifacts (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  execution_id INTEGER NOT NULL REFERENCES executions(id),
+  name TEXT NOT NULL,
+  type TEXT NOT NULL,
+  uri TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  execution_id INTEGER NOT NULL REFERENCES executions(id),
+  artifact_id INTEGER NOT NULL REFERENCES artifacts(id),
+  kind TEXT NOT NULL,             -- input | output
+  name TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS executions_by_fp ON executions(stage, fingerprint, state);
+"""
+
+
+class MetadataStore:
+    """A small ML-Metadata-like store in one SQLite file.
+
+    Args:
+      path: the database file (created if missing).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def begin_execution(self, stage: str, fingerprint: str, config: Any) -> int:
+        cur = self._db.execute(
+            "INSERT INTO executions(stage, fingerprint, state, started, config) VALUES (?,?,?,?,?)",
+            (stage, fingerprint, "running", time.time(), json.dumps(config, default=str)))
+        return int(cur.lastrowid)
+
+    def finish_execution(self, execution_id: int, state: str, counts: Any = None,
+                         error: str | None = None) -> None:
+        self._db.execute(
+            "UPDATE executions SET state=?, finished=?, counts=?, error=? WHERE id=?",
+            (state, time.time(), json.dumps(counts or {}, default=str), error, execution_id))
+
+    def record_cached(self, stage: str, fingerprint: str, reused: int) -> int:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO executions(stage, fingerprint, state, reused_execution, started, finished)"
+            " VALUES (?,?,?,?,?,?)", (stage, fingerprint, "cached", reused, now, now))
+        return int(cur.lastrowid)
+
+    def abandon_running(self) -> list[int]:
+        """Marks executions left `running` by a killed process as `abandoned`."""
+        rows = self._db.execute("SELECT id FROM executions WHERE state='running'").fetchall()
+        ids = [int(r["id"]) for r in rows]
+        if ids:
+            self._db.execute("UPDATE executions SET state='abandoned', finished=? "
+                             "WHERE state='running'", (time.time(),))
+        return ids
+
+    def add_artifact(self, execution_id: int, name: str, type: str, uri: str,
+                     fingerprint: str) -> int:
+        cur = self._db.execute(
+            "INSERT INTO artifacts(execution_id, name, type, uri, fingerprint, created)"
+            " VALUES (?,?,?,?,?,?)", (execution_id, name, type, uri, fingerprint, time.time()))
+        artifact_id = int(cur.lastrowid)
+        self.add_event(execution_id, artifact_id, "output", name)
+        return artifact_id
+
+    def add_event(self, execution_id: int, artifact_id: int, kind: str, name: str) -> None:
+        self._db.execute("INSERT INTO events(execution_id, artifact_id, kind, name)"
+                         " VALUES (?,?,?,?)", (execution_id, artifact_id, kind, name))
+
+    def artifact_id(self, uri: str) -> int | None:
+        row = self._db.execute("SELECT id FROM artifacts WHERE uri=? ORDER BY id DESC LIMIT 1",
+                               (uri,)).fetchone()
+        return int(row["id"]) if row else None
+
+    def complete_executions(self, stage: str, fingerprint: str) -> list[int]:
+        """Complete executions of `stage` with `fingerprint`, newest first."""
+        rows = self._db.execute(
+            "SELECT id FROM executions WHERE stage=? AND fingerprint=? AND state='complete'"
+            " ORDER BY id DESC", (stage, fingerprint)).fetchall()
+        return [int(r["id"]) for r in rows]
+
+    def outputs(self, execution_id: int) -> dict[str, dict]:
+        rows = self._db.execute(
+            "SELECT a.* FROM artifacts a JOIN events e ON e.artifact_id = a.id"
+            " WHERE e.execution_id=? AND e.kind='output'", (execution_id,)).fetchall()
+        return {r["name"]: dict(r) for r in rows}
+
+    def latest_artifacts(self, type: str) -> list[dict]:
+        """Artifacts of a type from complete executions, newest first."""
+        rows = self._db.execute(
+            "SELECT a.* FROM artifacts a JOIN executions x ON x.id = a.execution_id"
+            " WHERE a.type=? AND x.state='complete' ORDER BY a.id DESC", (type,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def executions(self) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM executions ORDER BY id DESC").fetchall()
+        return [dict(r) for r in rows]
+
+    def events(self, execution_id: int) -> list[dict]:
+        rows = self._db.execute(
+            "SELECT e.kind, e.name, a.id AS artifact_id, a.type, a.uri FROM events e"
+            " JOIN artifacts a ON a.id = e.artifact_id WHERE e.execution_id=?"
+            " ORDER BY e.kind, e.name", (execution_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def lineage(self, artifact_id: int) -> Iterable[dict]:
+        """The executions that produced and consumed an artifact."""
+        rows = self._db.execute(
+            "SELECT e.kind, x.id AS execution_id, x.stage FROM events e"
+            " JOIN executions x ON x.id = e.execution_id WHERE e.artifact_id=?",
+            (artifact_id,)).fetchall()
+        return [dict(r) for r in rows]

@@ -1,0 +1,336 @@
+"""The local runner: executes stages in order with caching, lineage and atomic publishing."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from pipeline import config as config_lib
+from pipeline import dag
+from pipeline.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
+from pipeline.metadata import MetadataStore
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class StageError(RuntimeError):
+    """A stage failed in a way the user can act on; the message says how."""
+
+
+@dataclass
+class StageContext:
+    """What a component's `run(ctx)` gets.
+
+    Attributes:
+      stage: the stage name.
+      config: the whole resolved `PipelineConfig`.
+      inputs: input name -> published `Artifact`.
+      outputs: artifact name -> folder to fill (inside the unpublished
+        execution folder).
+      work_dir: a folder that survives a crash of this stage and is shared by
+        every attempt with the same fingerprint (for checkpoints to resume).
+      root: the pipeline root.
+      execution_id: this execution's id in the metadata store.
+      beam_args: extra Beam pipeline options from `--beam-arg`.
+      baseline: for the Evaluator, the artifacts of the last pushed model
+        (`{"evaluation": Artifact, "pushed_model": Artifact}`) or `{}`.
+    """
+    stage: str
+    config: config_lib.PipelineConfig
+    inputs: dict
+    outputs: dict
+    work_dir: str
+    root: str
+    execution_id: int
+    beam_args: tuple = ()
+    baseline: dict = field(default_factory=dict)
+
+
+def code_version(paths: Sequence[str]) -> str:
+    """A hash of the Python sources a stage runs (files or folders under the package)."""
+    h = hashlib.sha256()
+    for rel in sorted(paths):
+        full = os.path.join(PACKAGE_ROOT, rel)
+        files = []
+        if os.path.isdir(full):
+            for dirpath, dirnames, names in os.walk(full):
+                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+                files += [os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py")]
+        elif os.path.exists(full):
+            files = [full]
+        for path in files:
+            h.update(os.path.relpath(path, PACKAGE_ROOT).encode())
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
+                      inputs: Mapping[str, Artifact]) -> str:
+    """sha256 over the stage config sections, input fingerprints and code version."""
+    payload = {
+        "stage": spec.name,
+        "config": {s: config_lib.to_dict(getattr(config, s)) for s in spec.config_sections},
+        "inputs": {k: v.fingerprint for k, v in sorted(inputs.items())},
+        "code": code_version(spec.code),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str)
+                          .encode()).hexdigest()
+
+
+def _outputs_intact(outputs: Mapping[str, dict]) -> bool:
+    """Published folders (and any external paths they name) still exist."""
+    for row in outputs.values():
+        try:
+            art = Artifact.load(row["uri"])
+        except ArtifactError:
+            return False
+        for path in art.properties.get("external_paths", []):
+            if not os.path.exists(path):
+                return False
+    return True
+
+
+def _check_writable(root: str) -> None:
+    try:
+        os.makedirs(root, exist_ok=True)
+        probe = os.path.join(root, f".write-probe-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("x" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+        os.remove(probe)
+    except OSError as e:
+        raise StageError(f"pipeline root {root!r} is not writable ({e.strerror}): "
+                         "choose another --root or free some space") from None
+
+
+class Runner:
+    """Runs the pipeline DAG locally.
+
+    Args:
+      config: the resolved pipeline config.
+      root: the pipeline root folder (artifacts, metadata.sqlite, run_summary.json).
+      use_cache: reuse outputs of earlier executions with the same fingerprint.
+      beam_args: extra Beam pipeline options for the Beam stages.
+      log: a function taking one line of progress text.
+    """
+
+    def __init__(self, config: config_lib.PipelineConfig, root: str, use_cache: bool = True,
+                 beam_args: Sequence[str] = (), log=None):
+        self.config = config
+        self.root = os.path.abspath(root)
+        self.use_cache = use_cache
+        self.beam_args = tuple(beam_args)
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def run(self, stages: Sequence[str] | None = None) -> dict:
+        """Runs `stages` (default: all) in DAG order and writes `run_summary.json`.
+
+        Stages that are not selected but feed a selected stage are resolved
+        from the cache (their outputs for the current config must exist).
+
+        Returns:
+          The run summary dict.
+        """
+        selected = list(dag.STAGE_NAMES) if not stages else list(stages)
+        for name in selected:
+            dag.stage(name)  # raises on unknown names
+        _check_writable(self.root)
+        store = MetadataStore(os.path.join(self.root, "metadata.sqlite"))
+        try:
+            abandoned = store.abandon_running()
+            if abandoned:
+                self.log(f"[runner] executions {abandoned} were interrupted earlier; "
+                         "their unpublished folders are discarded")
+            self._remove_stale_tmp()
+            summary = {"config": self.config.name, "root": self.root, "stages": {},
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            produced: dict[str, dict[str, Artifact]] = {}
+            needed = self._needed(selected)
+            for spec in dag.STAGES:
+                if spec.name not in needed:
+                    continue
+                inputs = {}
+                for in_name, (up_stage, up_art) in spec.inputs.items():
+                    inputs[in_name] = produced[up_stage][up_art]
+                fp = stage_fingerprint(spec, self.config, inputs)
+                if spec.name in selected:
+                    result = self._run_stage(store, spec, inputs, fp)
+                else:
+                    result = self._resolve_cached(store, spec, fp)
+                    if result is None:
+                        raise StageError(
+                            f"{spec.name} has no outputs for the current config; "
+                            f"add it to --stages (it feeds {', '.join(sorted(set(selected)))})")
+                    result["status"] = "cached"
+                produced[spec.name] = result.pop("artifacts")
+                if spec.name in selected:
+                    summary["stages"][spec.name] = result
+                    if "evaluation" in produced[spec.name]:
+                        summary["metrics"] = dict(
+                            produced[spec.name]["evaluation"].properties.get("metrics", {}))
+                    if "blessing" in produced[spec.name]:
+                        summary["blessed"] = bool(
+                            produced[spec.name]["blessing"].properties.get("blessed"))
+            summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+            self._write_summary(summary)
+            return summary
+        finally:
+            store.close()
+
+    def _needed(self, selected: Sequence[str]) -> set[str]:
+        needed = set(selected)
+        frontier = list(selected)
+        while frontier:
+            spec = dag.stage(frontier.pop())
+            for up, _ in spec.inputs.values():
+                if up not in needed:
+                    needed.add(up)
+                    frontier.append(up)
+        return needed
+
+    def _remove_stale_tmp(self) -> None:
+        for name in dag.STAGE_NAMES:
+            stage_dir = os.path.join(self.root, name)
+            if not os.path.isdir(stage_dir):
+                continue
+            for entry in os.listdir(stage_dir):
+                if entry.startswith(".tmp-"):
+                    shutil.rmtree(os.path.join(stage_dir, entry), ignore_errors=True)
+
+    def _resolve_cached(self, store: MetadataStore, spec: dag.StageSpec, fp: str) -> dict | None:
+        for execution_id in store.complete_executions(spec.name, fp):
+            outputs = store.outputs(execution_id)
+            if set(outputs) == set(spec.outputs) and _outputs_intact(outputs):
+                arts = {name: Artifact.load(row["uri"], spec.outputs[name])
+                        for name, row in outputs.items()}
+                return self._result(execution_id, arts)
+        return None
+
+    def _result(self, execution_id: int, arts: Mapping[str, Artifact]) -> dict:
+        counts = {}
+        for art in arts.values():
+            counts.update(art.counts)
+        return {"execution_id": execution_id,
+                "outputs": {name: art.uri for name, art in arts.items()},
+                "counts": counts, "artifacts": dict(arts)}
+
+    def _baseline(self, store: MetadataStore, spec: dag.StageSpec,
+                  inputs: Mapping[str, Artifact]) -> dict:
+        if spec.name != "Evaluator":
+            return {}
+        current_model = inputs["model"].uri
+        for row in store.latest_artifacts("PushedModel"):
+            try:
+                pushed = Artifact.load(row["uri"], "PushedModel")
+            except ArtifactError:
+                continue
+            if pushed.properties.get("model_uri") == current_model:
+                continue
+            evaluation_uri = pushed.properties.get("evaluation_uri")
+            try:
+                evaluation = Artifact.load(evaluation_uri, "Evaluation")
+            except (ArtifactError, TypeError):
+                continue
+            return {"pushed_model": pushed, "evaluation": evaluation}
+        return {}
+
+    def _run_stage(self, store: MetadataStore, spec: dag.StageSpec,
+                   inputs: Mapping[str, Artifact], fp: str) -> dict:
+        if self.use_cache:
+            cached = self._resolve_cached(store, spec, fp)
+            if cached is not None:
+                store.record_cached(spec.name, fp, cached["execution_id"])
+                self.log(f"[{spec.name}] cached (execution {cached['execution_id']})")
+                cached["status"] = "cached"
+                return cached
+        resolved = config_lib.to_dict(self.config)
+        execution_id = store.begin_execution(spec.name, fp, resolved)
+        for in_name, art in inputs.items():
+            art_id = store.artifact_id(art.uri)
+            if art_id is not None:
+                store.add_event(execution_id, art_id, "input", in_name)
+        stage_dir = os.path.join(self.root, spec.name)
+        tmp_dir = os.path.join(stage_dir, f".tmp-{execution_id}")
+        final_dir = os.path.join(stage_dir, str(execution_id))
+        work_dir = os.path.join(stage_dir, ".work", fp[:16])
+        os.makedirs(work_dir, exist_ok=True)
+        outputs = {name: os.path.join(tmp_dir, name) for name in spec.outputs}
+        for path in outputs.values():
+            os.makedirs(path, exist_ok=True)
+        ctx = StageContext(stage=spec.name, config=self.config, inputs=dict(inputs),
+                           outputs=outputs, work_dir=work_dir, root=self.root,
+                           execution_id=execution_id, beam_args=self.beam_args,
+                           baseline=self._baseline(store, spec, inputs))
+        self.log(f"[{spec.name}] running (execution {execution_id})")
+        start = time.time()
+        try:
+            module = importlib.import_module(spec.module)
+            results = module.run(ctx) or {}
+            for name, typ in spec.outputs.items():
+                res = results.get(name, {})
+                write_artifact_json(
+                    outputs[name], type=typ, producer=spec.name, execution_id=execution_id,
+                    fingerprint=f"{fp}:{name}",
+                    inputs={k: v.uri for k, v in inputs.items()}, config=resolved,
+                    counts=res.get("counts", {}), properties=res.get("properties", {}))
+            fsync_tree(tmp_dir)
+            os.replace(tmp_dir, final_dir)  # the atomic publish
+        except BaseException as e:
+            store.finish_execution(execution_id, "failed",
+                                   error="".join(traceback.format_exception_only(type(e), e)))
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
+        arts = {}
+        for name, typ in spec.outputs.items():
+            uri = os.path.join(final_dir, name)
+            arts[name] = Artifact.load(uri, typ)
+            store.add_artifact(execution_id, name, typ, uri, arts[name].fingerprint)
+        result = self._result(execution_id, arts)
+        store.finish_execution(execution_id, "complete", counts=result["counts"])
+        self.log(f"[{spec.name}] done in {time.time() - start:.1f}s: "
+                 f"{json.dumps(result['counts'], default=str)}")
+        result["status"] = "ran"
+        result["seconds"] = round(time.time() - start, 2)
+        return result
+
+    def _write_summary(self, summary: dict) -> None:
+        path = os.path.join(self.root, "run_summary.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        os.replace(tmp, path)
+
+
+def inspect(root: str) -> dict:
+    """Executions (newest first) with their input/output artifacts."""
+    db = os.path.join(root, "metadata.sqlite")
+    if not os.path.exists(db):
+        raise StageError(f"no metadata store at {db}: run `captioner run --root {root}` first")
+    store = MetadataStore(db)
+    try:
+        executions = []
+        for x in store.executions():
+            events = store.events(x["id"])
+            executions.append({
+                "id": x["id"], "stage": x["stage"], "state": x["state"],
+                "reused_execution": x["reused_execution"],
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(x["started"])),
+                "seconds": (round(x["finished"] - x["started"], 2) if x["finished"] else None),
+                "fingerprint": x["fingerprint"][:12],
+                "counts": json.loads(x["counts"]) if x["counts"] else {},
+                "inputs": [e for e in events if e["kind"] == "input"],
+                "outputs": [e for e in events if e["kind"] == "output"],
+                "error": x["error"],
+            })
+        return {"root": os.path.abspath(root), "executions": executions}
+    finally:
+        store.close()

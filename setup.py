@@ -1,0 +1,34 @@
+"""Show, Attend and Tell as a TFX-style TensorFlow/Keras pipeline."""
+from setuptools import find_packages, setup
+
+setup(
+    name="captioner",
+    version="0.1.0",
+    description=("Show, Attend and Tell image captioning: Beam preprocessing, "
+                 "Keras soft/hard attention, TF-Serving-compatible serving."),
+    python_requires=">=3.10",
+    packages=find_packages(include=["pipeline*", "components*", "models*", "serving*"]),
+    package_data={"pipeline": ["configs/*.py"]},
+    install_requires=[
+        # These four are pinned together: TF 2.21 / Keras 3.15 / Beam 2.77 /
+        # TF Serving API 2.21 share one protobuf/grpcio range.
+        "tensorflow==2.21.0",
+        "keras>=3.15,<3.16",
+        "apache-beam==2.77.0",
+        "tensorflow-serving-api==2.21.0",
+        "tensorflow-datasets==4.9.10",
+        # Beam's WriteToTFRecord needs a CRC32C implementation.
+        "google-crc32c>=1.5",
+        "grpcio-health-checking",
+        "grpcio-reflection",
+        "pycocoevalcap>=1.2",
+        "matplotlib>=3.7",
+        "pillow>=10",
+        "tqdm>=4.60",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    },
+    entry_points={"console_scripts": ["captioner=pipeline.cli:main"]},
+)
