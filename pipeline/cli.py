@@ -88,6 +88,7 @@ def config_reference_markdown() -> str:
     """The config reference table, generated from the dataclasses."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key, typ, default, comment in config_lib.describe_fields():
+        comment = comment.replace("|", "\\|")
         lines.append(f"| `{key}` | {typ} | `{json.dumps(default)}` | {comment} |")
     return "\n".join(lines)
 

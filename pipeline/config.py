@@ -8,6 +8,7 @@ the dataclass field types.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import importlib
 import importlib.util
@@ -238,7 +239,7 @@ def _coerce(value: str, typ: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
     if typ is str:
         return value
-    if origin in (Mapping, dict) or typ in (dict, Mapping):
+    if origin in (collections.abc.Mapping, dict) or typ in (dict, Mapping):
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as e:

@@ -124,7 +124,10 @@ class Runner:
     """
 
     def __init__(self, config: config_lib.PipelineConfig, root: str, use_cache: bool = True,
-                 beam_args: Sequence[str] = (), log=None):
+                 beam_args: Sequence[str] = (), log=None,
+                 stages: Sequence[dag.StageSpec] = dag.STAGES):
+        self.stages = tuple(stages)
+        self.specs = {s.name: s for s in self.stages}
         self.config = config
         self.root = os.path.abspath(root)
         self.use_cache = use_cache
@@ -140,9 +143,10 @@ class Runner:
         Returns:
           The run summary dict.
         """
-        selected = list(dag.STAGE_NAMES) if not stages else list(stages)
+        selected = list(self.specs) if not stages else list(stages)
         for name in selected:
-            dag.stage(name)  # raises on unknown names
+            if name not in self.specs:
+                raise StageError(f"unknown stage {name!r}; stages: {', '.join(self.specs)}")
         _check_writable(self.root)
         store = MetadataStore(os.path.join(self.root, "metadata.sqlite"))
         try:
@@ -155,7 +159,7 @@ class Runner:
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
             produced: dict[str, dict[str, Artifact]] = {}
             needed = self._needed(selected)
-            for spec in dag.STAGES:
+            for spec in self.stages:
                 if spec.name not in needed:
                     continue
                 inputs = {}
@@ -174,12 +178,11 @@ class Runner:
                 produced[spec.name] = result.pop("artifacts")
                 if spec.name in selected:
                     summary["stages"][spec.name] = result
-                    if "evaluation" in produced[spec.name]:
-                        summary["metrics"] = dict(
-                            produced[spec.name]["evaluation"].properties.get("metrics", {}))
-                    if "blessing" in produced[spec.name]:
-                        summary["blessed"] = bool(
-                            produced[spec.name]["blessing"].properties.get("blessed"))
+                    for art in produced[spec.name].values():
+                        if art.type == "Evaluation":
+                            summary["metrics"] = dict(art.properties.get("metrics", {}))
+                        elif art.type == "Blessing":
+                            summary["blessed"] = bool(art.properties.get("blessed"))
             summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             self._write_summary(summary)
             return summary
@@ -190,7 +193,7 @@ class Runner:
         needed = set(selected)
         frontier = list(selected)
         while frontier:
-            spec = dag.stage(frontier.pop())
+            spec = self.specs[frontier.pop()]
             for up, _ in spec.inputs.values():
                 if up not in needed:
                     needed.add(up)
@@ -198,7 +201,7 @@ class Runner:
         return needed
 
     def _remove_stale_tmp(self) -> None:
-        for name in dag.STAGE_NAMES:
+        for name in self.specs:
             stage_dir = os.path.join(self.root, name)
             if not os.path.isdir(stage_dir):
                 continue
@@ -279,7 +282,7 @@ class Runner:
                 res = results.get(name, {})
                 write_artifact_json(
                     outputs[name], type=typ, producer=spec.name, execution_id=execution_id,
-                    fingerprint=f"{fp}:{name}",
+                    fingerprint=f"{fp}:{name}:{execution_id}",
                     inputs={k: v.uri for k, v in inputs.items()}, config=resolved,
                     counts=res.get("counts", {}), properties=res.get("properties", {}))
             fsync_tree(tmp_dir)

@@ -1,0 +1,41 @@
+# The two commands: `make demo` (the main job, offline) and `make test` (the test suite).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-fast benchmarks clean docs
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	@command -v java >/dev/null 2>&1 || { echo "Installing Java (for the coco-caption PTB tokenizer and METEOR)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) \
+	  || echo "WARNING: could not install Java: METEOR and the PTB tokenizer will be skipped"; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip wheel setuptools
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/captioner demo --output demo_output
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
+
+benchmarks: install
+	$(BIN)/python benchmarks/preprocess.py
+	$(BIN)/python benchmarks/train_step.py
+	$(BIN)/python benchmarks/decode.py
+	$(BIN)/python benchmarks/train_throughput.py
+	$(BIN)/python benchmarks/serving.py
+
+docs: install
+	$(BIN)/python -m pipeline.docgen
+
+clean:
+	rm -rf demo_output pipeline_root

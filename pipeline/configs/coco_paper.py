@@ -1,0 +1,33 @@
+"""COCO with the paper's settings (Xu et al. 2015, Table 1): VGG19 block5_conv4 14x14x512.
+
+    captioner run --config coco_paper --root runs/coco \
+        --set data.captions_json=/data/coco/dataset_coco.json \
+        --set data.images_dir=/data/coco
+
+Needs the Karpathy split file, the COCO 2014 images and ImageNet weights
+(downloaded by keras.applications on first use). Expect days on one GPU;
+the paper reports BLEU-4 24.3 (soft) / 25.0 (hard), METEOR 23.90 / 23.04.
+"""
+from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
+                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+
+
+def get_config() -> PipelineConfig:
+    return PipelineConfig(
+        name="coco_paper",
+        data=DataConfig(source="karpathy", num_shards=64),
+        encoder=EncoderConfig(kind="keras_app", application="VGG19", layer="block5_conv4",
+                              weights="imagenet", image_size=224, coord_channels=False,
+                              train=False),
+        preprocess=PreprocessConfig(max_batch_size=64, vocab_min_count=5,
+                                    vocab_max_size=10000, max_caption_length=30,
+                                    num_shards=64),
+        model=ModelConfig(attention="soft", embedding_dim=512, hidden_dim=1800,
+                          attention_dim=512, dropout=0.5, doubly_stochastic_lambda=1.0),
+        train=TrainConfig(batch_size=64, epochs=20, optimizer="adam", learning_rate=1e-4,
+                          early_stopping_metric="bleu4", patience=3, checkpoint_every=2000,
+                          val_examples=1000),
+        eval=EvalConfig(beam_size=3, max_length=30, batch_size=256,
+                        thresholds={"Bleu_4": 0.2}),
+        push=PushConfig(beam_size=3, max_length=30),
+    )

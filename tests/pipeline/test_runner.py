@@ -1,0 +1,134 @@
+"""Runner: caching, downstream invalidation, atomic publishing, summary and inspect."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import config as config_lib
+from pipeline.artifacts import Artifact, ArtifactError
+from pipeline.runner import Runner, StageError, inspect
+from tests.pipeline import fake_stages
+
+ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(root, overrides=(), use_cache=True, stages=None):
+    config = config_lib.apply_overrides(config_lib.PipelineConfig(), overrides)
+    return Runner(config, str(root), use_cache=use_cache, stages=fake_stages.STAGES,
+                  log=lambda _: None).run(stages)
+
+
+def _statuses(summary):
+    return {name: st["status"] for name, st in summary["stages"].items()}
+
+
+def test_rerun_with_nothing_changed_is_all_cached(tmp_path):
+    first = _run(tmp_path)
+    assert _statuses(first) == {"A": "ran", "B": "ran", "C": "ran"}
+    second = _run(tmp_path)
+    assert _statuses(second) == {"A": "cached", "B": "cached", "C": "cached"}
+    assert second["stages"]["C"]["outputs"] == first["stages"]["C"]["outputs"]
+    with open(tmp_path / "run_summary.json") as f:
+        on_disk = json.load(f)
+    assert on_disk["stages"]["A"]["counts"] == {"seen": 3, "accepted": 3}
+    assert on_disk["metrics"] == {"Bleu_4": 0.5}
+
+
+def test_changed_config_reruns_stage_and_downstream_only(tmp_path):
+    _run(tmp_path)
+    summary = _run(tmp_path, ["train.batch_size=7"])
+    assert _statuses(summary) == {"A": "cached", "B": "ran", "C": "ran"}
+    out = Artifact.load(summary["stages"]["C"]["outputs"]["out"])
+    assert open(out.path("value.txt")).read() == "a0-b7-c3"
+    summary = _run(tmp_path, ["train.batch_size=7", "eval.beam_size=5"])
+    assert _statuses(summary) == {"A": "cached", "B": "cached", "C": "ran"}
+    # Going back to the first config finds the first outputs again.
+    assert _statuses(_run(tmp_path)) == {"A": "cached", "B": "cached", "C": "cached"}
+
+
+def test_no_cache_runs_everything(tmp_path):
+    _run(tmp_path)
+    assert _statuses(_run(tmp_path, use_cache=False)) == {"A": "ran", "B": "ran", "C": "ran"}
+
+
+def test_selected_stages_resolve_upstream_from_cache(tmp_path):
+    with pytest.raises(StageError, match="no outputs for the current config"):
+        _run(tmp_path, stages=["B"])
+    _run(tmp_path, stages=["A"])
+    summary = _run(tmp_path, ["train.batch_size=9"], stages=["B"])
+    assert _statuses(summary) == {"B": "ran"}
+
+
+def test_deleted_output_is_not_reused(tmp_path):
+    first = _run(tmp_path)
+    os.remove(os.path.join(first["stages"]["B"]["outputs"]["out"], "artifact.json"))
+    assert _statuses(_run(tmp_path)) == {"A": "cached", "B": "ran", "C": "ran"}
+
+
+def test_killed_stage_leaves_no_readable_artifact(tmp_path):
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from tests.pipeline.test_runner import _run\n_run(%r)\n") % (ROOT_DIR, str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                          "FAKE_STAGE_CRASH": "A"}, capture_output=True)
+    assert proc.returncode == 9
+    leftovers = os.listdir(tmp_path / "A")
+    assert any(e.startswith(".tmp-") for e in leftovers)
+    assert not any(e.isdigit() for e in leftovers)  # nothing published
+    with pytest.raises(ArtifactError, match="unpublished"):
+        tmp = [e for e in leftovers if e.startswith(".tmp-")][0]
+        Artifact.load(str(tmp_path / "A" / tmp / "out"))
+    summary = _run(tmp_path)
+    assert _statuses(summary) == {"A": "ran", "B": "ran", "C": "ran"}
+    assert not any(e.startswith(".tmp-") for e in os.listdir(tmp_path / "A"))
+    states = {x["id"]: x["state"] for x in inspect(str(tmp_path))["executions"]}
+    assert "abandoned" in states.values()
+
+
+def test_failed_stage_is_recorded_and_not_published(tmp_path, monkeypatch):
+    def boom(ctx):
+        raise RuntimeError("bad data")
+    monkeypatch.setattr(fake_stages, "run_b", boom)
+    import tests.pipeline.fake_stages_b as mod_b
+    monkeypatch.setattr(mod_b, "run", boom)
+    with pytest.raises(RuntimeError, match="bad data"):
+        _run(tmp_path)
+    info = inspect(str(tmp_path))
+    failed = [x for x in info["executions"] if x["state"] == "failed"]
+    assert failed and "bad data" in failed[0]["error"]
+    assert not os.path.exists(tmp_path / "B" / "2")
+
+
+def test_inspect_lists_lineage_newest_first(tmp_path):
+    _run(tmp_path)
+    _run(tmp_path)
+    info = inspect(str(tmp_path))
+    ids = [x["id"] for x in info["executions"]]
+    assert ids == sorted(ids, reverse=True)
+    ran_c = [x for x in info["executions"] if x["stage"] == "C" and x["state"] == "complete"][0]
+    assert ran_c["inputs"][0]["name"] == "y"
+    assert ran_c["outputs"][0]["type"] == "Evaluation"
+    assert [x["state"] for x in info["executions"][:3]] == ["cached"] * 3
+
+
+def test_code_change_invalidates_cache(tmp_path, monkeypatch):
+    _run(tmp_path)
+    from pipeline import runner
+    monkeypatch.setattr(runner, "code_version", lambda paths: "changed")
+    assert _statuses(_run(tmp_path)) == {"A": "ran", "B": "ran", "C": "ran"}
+
+
+def test_unwritable_root_fails_clearly(tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    os.chmod(root, 0o500)
+    try:
+        if os.access(root, os.W_OK):  # running as root: simulate with a file in the way
+            blocker = tmp_path / "file"
+            blocker.write_text("x")
+            root = blocker / "sub"
+        with pytest.raises(StageError, match="not writable"):
+            _run(root)
+    finally:
+        os.chmod(tmp_path / "ro", 0o700)
