@@ -1,0 +1,206 @@
+"""Annotation encoders: a CNN from an image to its conv grid `(H, W, D)` (paper section 3.1.1).
+
+Two kinds:
+  * any `keras.applications` model cut at a named conv layer (the paper:
+    VGG19 `block5_conv4`, 14x14x512 at 224x224), with ImageNet weights, a
+    local weights file, or none;
+  * the project's small CNN, trained by the EncoderTrainer stage on caption
+    words when no pretrained weights are available (offline).
+Both take float images in [0, 255] (`models.image_ops.decode_and_resize`) and
+normalize inside the model, so export and preprocessing share one graph.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import keras
+from keras import layers, ops
+
+# keras.applications name -> input normalization used by its preprocess_input.
+_NORMALIZATION = {
+    "vgg16": "caffe", "vgg19": "caffe", "resnet50": "caffe", "resnet101": "caffe",
+    "resnet152": "caffe", "inceptionv3": "tf", "inceptionresnetv2": "tf", "xception": "tf",
+    "mobilenet": "tf", "mobilenetv2": "tf", "resnet50v2": "tf", "resnet101v2": "tf",
+    "resnet152v2": "tf", "nasnetlarge": "tf", "nasnetmobile": "tf", "densenet121": "torch",
+    "densenet169": "torch", "densenet201": "torch",
+}
+
+
+@keras.saving.register_keras_serializable(package="captioner")
+class ImageNormalization(layers.Layer):
+    """Maps [0, 255] RGB images to a network's expected input range.
+
+    Args:
+      mode: `scale` (x/255), `tf` ([-1, 1]), `caffe` (BGR, ImageNet mean
+        subtracted), `torch` (ImageNet mean/std), or `none`.
+    """
+
+    def __init__(self, mode: str = "scale", **kwargs):
+        super().__init__(**kwargs)
+        if mode not in ("scale", "tf", "caffe", "torch", "none"):
+            raise ValueError(f"unknown normalization mode {mode!r}")
+        self.mode = mode
+
+    def call(self, images):
+        x = ops.cast(images, self.compute_dtype)
+        if self.mode == "scale":
+            return x / 255.0
+        if self.mode == "tf":
+            return x / 127.5 - 1.0
+        if self.mode == "caffe":
+            x = x[..., ::-1]
+            return x - ops.convert_to_tensor([103.939, 116.779, 123.68], dtype=x.dtype)
+        if self.mode == "torch":
+            mean = ops.convert_to_tensor([0.485, 0.456, 0.406], dtype=x.dtype)
+            std = ops.convert_to_tensor([0.229, 0.224, 0.225], dtype=x.dtype)
+            return (x / 255.0 - mean) / std
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "mode": self.mode}
+
+
+@keras.saving.register_keras_serializable(package="captioner")
+class CoordinateChannels(layers.Layer):
+    """Appends each cell's (x, y) position in [-1, 1] to its feature vector.
+
+    The attention context `z_t` is a weighted sum of annotation vectors, so
+    without this the decoder cannot tell where it is looking, and relations
+    such as "left of" cannot be learned from pooled features.
+
+    Args:
+      scale: multiplies the coordinates (to match the features' magnitude).
+    """
+
+    def __init__(self, scale: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = scale
+
+    def call(self, grid):
+        shape = ops.shape(grid)
+        h, w = shape[1], shape[2]
+        ys = ops.linspace(-1.0, 1.0, h)
+        xs = ops.linspace(-1.0, 1.0, w)
+        yy = ops.repeat(ops.expand_dims(ys, 1), w, axis=1)
+        xx = ops.repeat(ops.expand_dims(xs, 0), h, axis=0)
+        coords = ops.stack([xx, yy], axis=-1) * self.scale  # (H, W, 2)
+        coords = ops.broadcast_to(ops.expand_dims(coords, 0), (shape[0], h, w, 2))
+        return ops.concatenate([grid, ops.cast(coords, grid.dtype)], axis=-1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], None if input_shape[-1] is None else input_shape[-1] + 2)
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
+
+
+def small_cnn_backbone(image_size: int = 64, width: int = 32, grid_size: int = 8,
+                       name: str = "small_cnn") -> keras.Model:
+    """The project's small CNN: conv blocks halving the image down to the grid.
+
+    Args:
+      image_size: input side S (a power-of-two multiple of `grid_size`).
+      width: channels of the first block; each halving doubles them (max 8x).
+      grid_size: output grid side H = W.
+    Returns:
+      A model from `(S, S, 3)` [0, 255] images to `(grid, grid, D)` features.
+    """
+    ratio = image_size / grid_size
+    stages = int(round(math.log2(ratio))) if ratio >= 1 else -1
+    if stages < 0 or 2 ** stages != ratio:
+        raise ValueError(f"image_size {image_size} must be grid_size {grid_size} "
+                         "times a power of two")
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    x = ImageNormalization("scale", name="normalize")(inputs)
+    channels = width
+    for i in range(max(stages, 1)):
+        x = layers.Conv2D(channels, 3, padding="same", use_bias=False, name=f"block{i + 1}_conv1")(x)
+        x = layers.BatchNormalization(name=f"block{i + 1}_bn1")(x)
+        x = layers.ReLU(name=f"block{i + 1}_relu1")(x)
+        x = layers.Conv2D(channels, 3, padding="same", use_bias=False, name=f"block{i + 1}_conv2")(x)
+        x = layers.BatchNormalization(name=f"block{i + 1}_bn2")(x)
+        x = layers.ReLU(name=f"block{i + 1}_relu2")(x)
+        if i < stages:
+            x = layers.MaxPooling2D(2, name=f"block{i + 1}_pool")(x)
+        last = channels
+        channels = min(channels * 2, width * 8)
+    # The annotation layer: a last 3x3 conv at grid resolution widens each
+    # cell's receptive field so a cell sees a whole (large) object.
+    x = layers.Conv2D(last, 3, padding="same", name="annotation_conv")(x)
+    x = layers.ReLU(name="annotation")(x)
+    return keras.Model(inputs, x, name=name)
+
+
+def keras_app_backbone(application: str = "VGG19", layer: str = "block5_conv4",
+                       weights: str = "imagenet", image_size: int = 224) -> keras.Model:
+    """A `keras.applications` model cut at a conv layer.
+
+    Args:
+      application: the class name in `keras.applications` (e.g. `VGG19`, `ResNet50`).
+      layer: the conv layer whose output is the annotation grid.
+      weights: `imagenet` (downloaded by Keras on first use), `none`, or a
+        path to a weights file (`.weights.h5` of the full application model).
+    Returns:
+      A model from `(S, S, 3)` [0, 255] images to the layer's `(H, W, D)` output.
+    """
+    if not hasattr(keras.applications, application):
+        raise ValueError(f"keras.applications has no {application!r}")
+    weights_arg = None if weights in ("", "none", None) else weights
+    local_file = weights_arg not in (None, "imagenet")
+    if local_file and not os.path.exists(weights_arg):
+        raise FileNotFoundError(f"encoder weights file not found: {weights_arg}")
+    app = getattr(keras.applications, application)(
+        include_top=False, weights=None if local_file else weights_arg,
+        input_shape=(image_size, image_size, 3))
+    if local_file:
+        app.load_weights(weights_arg)
+    try:
+        out = app.get_layer(layer).output
+    except ValueError:
+        conv = [l.name for l in app.layers if "conv" in l.name][-8:]
+        raise ValueError(f"{application} has no layer {layer!r}; last conv layers: {conv}") from None
+    cut = keras.Model(app.input, out, name=f"{application.lower()}_{layer}")
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    mode = _NORMALIZATION.get(application.lower(), "none")
+    x = ImageNormalization(mode, name="normalize")(inputs)
+    return keras.Model(inputs, cut(x), name=cut.name)
+
+
+def build_encoder(kind: str = "small_cnn", *, application: str = "VGG19",
+                  layer: str = "block5_conv4", weights: str = "none", image_size: int = 64,
+                  width: int = 32, grid_size: int = 8, coord_channels: bool = True,
+                  backbone: keras.Model | None = None) -> keras.Model:
+    """The annotation encoder: image `(S, S, 3)` in [0, 255] -> grid `(H, W, D)`.
+
+    Args:
+      kind: `small_cnn` or `keras_app`.
+      backbone: an already built (e.g. trained) backbone to wrap instead.
+      coord_channels: append (x, y) cell coordinates (D grows by 2).
+      Other args: see `small_cnn_backbone` / `keras_app_backbone`.
+    """
+    if backbone is None:
+        if kind == "small_cnn":
+            backbone = small_cnn_backbone(image_size, width, grid_size)
+        elif kind == "keras_app":
+            backbone = keras_app_backbone(application, layer, weights, image_size)
+        else:
+            raise ValueError(f"unknown encoder kind {kind!r} (small_cnn or keras_app)")
+    inputs = keras.Input((image_size, image_size, 3), name="image")
+    grid = backbone(inputs)
+    if coord_channels:
+        grid = CoordinateChannels(name="coordinates")(grid)
+    return keras.Model(inputs, grid, name="encoder")
+
+
+def word_classifier(backbone: keras.Model, num_words: int) -> keras.Model:
+    """Backbone + global max pool + sigmoid word-presence head (EncoderTrainer).
+
+    Max pooling makes each grid cell responsible for the words it sees, so
+    the cells stay localized and attention over them is meaningful.
+    """
+    inputs = keras.Input(backbone.input_shape[1:], name="image")
+    x = layers.GlobalMaxPooling2D(name="pool")(backbone(inputs))
+    x = layers.Dropout(0.2, name="dropout")(x)
+    outputs = layers.Dense(num_words, name="words")(x)  # logits
+    return keras.Model(inputs, outputs, name="word_classifier")
