@@ -1,0 +1,174 @@
+"""Caption metrics from the coco-caption toolkit (pycocoevalcap).
+
+BLEU-1..4, METEOR, ROUGE-L and CIDEr(-D), with the toolkit's key names and
+its tokenization: the Stanford PTB tokenizer (lowercased, punctuation
+removed), run from the toolkit's own jar. METEOR and the PTB tokenizer need
+Java; without it (or if the jar fails) METEOR is None and captions are
+tokenized with `models.text.normalize` (lowercase, punctuation stripped,
+whitespace split), which gives the same tokens on plain captions; a
+RuntimeWarning and a line in ``notes`` say so.
+
+SPICE is always None: it needs Stanford CoreNLP models downloaded at run time,
+which this project does not assume (see ``notes``).
+
+CIDEr-D's document frequencies come from the evaluated references, so it is
+only meaningful over many images (it is 0 for a single image).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from typing import Hashable, Mapping, Sequence
+
+from models.text import normalize
+
+
+METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
+SPICE_NOTE = ("SPICE not computed: it needs Stanford CoreNLP models downloaded at run "
+              "time (pycocoevalcap/spice/get_stanford_models.py).")
+# Stands in for an empty caption, so the line-based tokenizer stays aligned
+# and ROUGE-L does not divide by zero; it matches no reference word.
+_EMPTY = "emptycaption"
+
+
+def coco_metrics(predictions: Mapping[Hashable, str],
+                 references: Mapping[Hashable, Sequence[str]],
+                 *, use_java: bool | None = None,
+                 per_image: bool = False) -> dict:
+    """Scores generated captions against references with the coco-caption toolkit.
+
+    Args:
+      predictions: image id -> generated caption.
+      references: image id -> reference captions (at least one each); must
+        cover every predicted id (extra ids are ignored).
+      use_java: None = use Java if `java` is on the PATH; False = the pure
+        Python fallback (simple tokenization, no METEOR).
+      per_image: also return ``per_image``: id -> {metric: score}.
+    Returns:
+      ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE": float or
+      None, "num_images": int, "tokenizer": "ptb" | "simple", "notes": [str]}``
+      (+ ``per_image``). BLEU is corpus-level (the toolkit's "closest"
+      reference length), the others are means over images.
+    Raises:
+      ValueError: no predictions, or a prediction without references.
+    """
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    if not predictions:
+        raise ValueError("no predictions to score")
+    missing = [k for k in predictions if not references.get(k)]
+    if missing:
+        raise ValueError(f"{len(missing)} predictions have no references, e.g. {missing[:3]}")
+    ids = list(predictions)
+    notes = [SPICE_NOTE]
+    if use_java is None:
+        use_java = shutil.which("java") is not None
+        if not use_java:
+            _warn(notes, "Java not found: METEOR skipped, PTB tokenizer replaced by "
+                         "simple tokenization (lowercase, punctuation stripped).")
+    res = {i: [_nonempty(predictions[i])] for i in ids}
+    gts = {i: [_nonempty(r) for r in references[i]] for i in ids}
+    tokenizer = "simple"
+    if use_java:
+        try:
+            res, gts = _ptb_tokenize(res), _ptb_tokenize(gts)
+            tokenizer = "ptb"
+        except Exception as e:  # noqa: BLE001 - any tokenizer failure falls back
+            _warn(notes, f"PTB tokenizer failed ({e}); using simple tokenization.")
+    if tokenizer == "simple":
+        res = {i: [_simple(c) for c in cs] for i, cs in res.items()}
+        gts = {i: [_simple(c) for c in cs] for i, cs in gts.items()}
+
+    out: dict = {k: None for k in METRIC_KEYS}
+    scores: dict[str, list[float]] = {}
+    bleu, bleu_each = Bleu(4).compute_score(gts, res, verbose=0)
+    for n in range(4):
+        out[f"Bleu_{n + 1}"] = float(bleu[n])
+        scores[f"Bleu_{n + 1}"] = [float(s) for s in bleu_each[n]]
+    rouge, rouge_each = Rouge().compute_score(gts, res)
+    out["ROUGE_L"], scores["ROUGE_L"] = float(rouge), [float(s) for s in rouge_each]
+    cider, cider_each = Cider().compute_score(gts, res)
+    out["CIDEr"], scores["CIDEr"] = float(cider), [float(s) for s in cider_each]
+    if use_java:
+        try:
+            meteor, meteor_each = _meteor(gts, res)
+            out["METEOR"], scores["METEOR"] = meteor, meteor_each
+        except Exception as e:  # noqa: BLE001 - METEOR is optional, never fatal
+            _warn(notes, f"METEOR failed ({type(e).__name__}: {e}); METEOR is None.")
+    elif "Java not found" not in " ".join(notes):
+        notes.append("METEOR skipped (use_java=False).")
+    out.update(num_images=len(ids), tokenizer=tokenizer, notes=notes)
+    if per_image:
+        out["per_image"] = {i: {k: v[j] for k, v in scores.items()} for j, i in enumerate(ids)}
+    return out
+
+
+def _warn(notes: list[str], message: str) -> None:
+    """Records a degraded metric both as a warning and in the notes."""
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    notes.append(message)
+
+
+def _nonempty(caption: str) -> str:
+    """One line of text, `_EMPTY` for a blank caption."""
+    caption = " ".join(str(caption).split())
+    return caption if caption else _EMPTY
+
+
+def _simple(caption: str) -> str:
+    """The fallback tokenizer: `models.text.normalize`, joined by spaces."""
+    return " ".join(normalize(caption)) or _EMPTY
+
+
+def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[str]]:
+    """The toolkit's PTBTokenizer (same jar, flags and punctuation list).
+
+    Unlike `PTBTokenizer.tokenize`, the input file goes to the system temp
+    folder rather than into the installed package, which may be read-only.
+    """
+    from pycocoevalcap.tokenizer import ptbtokenizer
+
+    jar = os.path.join(os.path.dirname(os.path.abspath(ptbtokenizer.__file__)),
+                       ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
+    keys = [k for k, cs in captions.items() for _ in cs]
+    lines = [c for cs in captions.values() for c in cs]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        f.write("\n".join(lines))
+        path = f.name
+    try:
+        proc = subprocess.run(
+            ["java", "-cp", jar, "edu.stanford.nlp.process.PTBTokenizer",
+             "-preserveLines", "-lowerCase", path],
+            capture_output=True, check=True, timeout=600)
+    finally:
+        os.remove(path)
+    out_lines = proc.stdout.decode("utf-8").split("\n")
+    if len(out_lines) < len(lines):
+        raise RuntimeError(f"PTBTokenizer returned {len(out_lines)} lines for {len(lines)}")
+    tokenized: dict[Hashable, list[str]] = {k: [] for k in captions}
+    for k, line in zip(keys, out_lines):
+        words = [w for w in line.rstrip().split(" ") if w and w not in ptbtokenizer.PUNCTUATIONS]
+        tokenized[k].append(" ".join(words) or _EMPTY)
+    return tokenized
+
+
+def _meteor(gts, res) -> tuple[float, list[float]]:
+    """The toolkit's METEOR 1.5, with its Java process always shut down."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    meteor = Meteor()
+    try:
+        score, each = meteor.compute_score(gts, res)
+    finally:
+        proc = meteor.meteor_p
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream:
+                stream.close()
+        proc.kill()
+        proc.wait()
+    return float(score), [float(s) for s in each]

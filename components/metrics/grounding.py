@@ -1,0 +1,127 @@
+"""Attention grounding and caption correctness on the synthetic shapes data.
+
+Does the model look at an object while naming it (Xu et al. 2015, section 5.4
+shows this qualitatively; the shapes boxes let us count it), and does the
+caption name the right objects and a true relation? Captions are parsed with
+the shapes grammar (`components/sources/shapes_grammar.py`).
+
+A generated object phrase *matches* a ground-truth object with the same
+color and shape (each (color, shape) appears at most once per shapes image).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from components.sources.shapes_grammar import ObjectPhrase, parse_caption, relation_holds
+
+
+def grounding_metrics(captions: Sequence[Sequence[str] | str],
+                      attentions: Sequence[np.ndarray],
+                      objects: Sequence[Sequence[Mapping]],
+                      widen_cells: float = 1.0) -> dict:
+    """Grounding, attribute and relation scores over a set of test images.
+
+    Args:
+      captions: per image, the generated words (a list, aligned with the
+        attention steps) or the caption string (split on whitespace).
+      attentions: per image, ``(T, H, W)`` attention maps, map t being the
+        weights used to emit word t; ``T >= len(words)`` (extra steps, e.g.
+        for ``<end>``, are ignored).
+      objects: per image, the ground-truth objects: dicts with `bbox`
+        (ymin, xmin, ymax, xmax normalized), `color`, `shape`, `size`.
+      widen_cells: how many grid cells the box is widened by on every side.
+    Returns:
+      A flat dict. Rates (None where their count is 0):
+        ``grounding``: over matched object phrases, the fraction where the
+          argmax cell of at least one of the phrase's steps (article to
+          noun) has its centre inside the widened box;
+        ``grounding_noun``: the same with the shape noun's step alone;
+        ``attribute_accuracy``: fraction of images whose caption names
+          exactly the right set of (color, shape) objects;
+        ``size_accuracy``: over matched phrases that name a size, the
+          fraction naming the right one;
+        ``relation_accuracy``: over images with >= 2 objects, the fraction
+          whose first relation holds between the two objects it links
+          (no relation, or an argument that matches no object, is wrong).
+      Counts: ``num_images``, ``num_phrases``, ``num_matched_phrases``,
+      ``num_grounded``, ``num_grounded_noun``, ``num_attribute_correct``,
+      ``num_sized_phrases``, ``num_size_correct``, ``num_relation_images``,
+      ``num_relation_correct``.
+    """
+    if not len(captions) == len(attentions) == len(objects):
+        raise ValueError(f"captions, attentions and objects differ in length: "
+                         f"{len(captions)}, {len(attentions)}, {len(objects)}")
+    counts = dict.fromkeys(
+        ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
+         "num_attribute_correct", "num_sized_phrases", "num_size_correct",
+         "num_relation_images", "num_relation_correct"), 0)
+    for words, attention, gt in zip(captions, attentions, objects):
+        words = words.split() if isinstance(words, str) else list(words)
+        attention = np.asarray(attention)
+        if attention.ndim != 3:
+            raise ValueError(f"attention must be (T, H, W), got shape {attention.shape}")
+        if attention.shape[0] < len(words):
+            raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
+        parsed = parse_caption(words)
+        by_key = {(o["color"], o["shape"]): o for o in gt}
+        for phrase in parsed.objects:
+            counts["num_phrases"] += 1
+            obj = by_key.get((phrase.color, phrase.shape))
+            if obj is None:
+                continue
+            counts["num_matched_phrases"] += 1
+            steps = range(phrase.start, phrase.end)
+            counts["num_grounded"] += any(_looks_inside(attention[t], obj["bbox"], widen_cells)
+                                          for t in steps)
+            counts["num_grounded_noun"] += _looks_inside(attention[phrase.noun_index],
+                                                         obj["bbox"], widen_cells)
+            if phrase.size is not None:
+                counts["num_sized_phrases"] += 1
+                counts["num_size_correct"] += phrase.size == obj["size"]
+        named = {(p.color, p.shape) for p in parsed.objects}
+        counts["num_attribute_correct"] += named == set(by_key)
+        if len(gt) >= 2:
+            counts["num_relation_images"] += 1
+            counts["num_relation_correct"] += _relation_true(parsed, by_key)
+    rate = lambda a, b: counts[a] / counts[b] if counts[b] else None  # noqa: E731
+    return {
+        "grounding": rate("num_grounded", "num_matched_phrases"),
+        "grounding_noun": rate("num_grounded_noun", "num_matched_phrases"),
+        "attribute_accuracy": (counts["num_attribute_correct"] / len(captions)
+                               if len(captions) else None),
+        "size_accuracy": rate("num_size_correct", "num_sized_phrases"),
+        "relation_accuracy": rate("num_relation_correct", "num_relation_images"),
+        "num_images": len(captions),
+        **counts,
+    }
+
+
+def attention_argmax_cell(attention_map: np.ndarray) -> tuple[int, int]:
+    """(row, col) of the largest weight of an (H, W) map."""
+    row, col = np.unravel_index(int(np.argmax(attention_map)), attention_map.shape)
+    return int(row), int(col)
+
+
+def _looks_inside(attention_map: np.ndarray, bbox: Sequence[float], widen_cells: float) -> bool:
+    """Whether the argmax cell's centre lies in the box widened by `widen_cells` cells."""
+    h, w = attention_map.shape
+    row, col = attention_argmax_cell(attention_map)
+    cy, cx = (row + 0.5) / h, (col + 0.5) / w
+    ymin, xmin, ymax, xmax = (float(v) for v in bbox)
+    my, mx = widen_cells / h, widen_cells / w
+    return bool(ymin - my <= cy <= ymax + my and xmin - mx <= cx <= xmax + mx)
+
+
+def _relation_true(parsed, by_key: Mapping[tuple, Mapping]) -> bool:
+    """The caption's first relation holds between the ground-truth objects it names."""
+    rel = parsed.relation
+    if rel is None:
+        return False
+    a: ObjectPhrase = parsed.objects[rel.subject]
+    b: ObjectPhrase = parsed.objects[rel.object]
+    obj_a, obj_b = by_key.get((a.color, a.shape)), by_key.get((b.color, b.shape))
+    if obj_a is None or obj_b is None or obj_a is obj_b:
+        return False
+    return relation_holds(rel.kind, obj_a["bbox"], obj_b["bbox"])
