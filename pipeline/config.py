@@ -23,25 +23,25 @@ from typing import Any, Mapping, Sequence
 class DataConfig:
     """Where the images and captions come from (the ExampleGen stage)."""
     source: str = "synthetic"          # synthetic | coco | karpathy | tfds
-    seed: int = 0
+    seed: int = 0                      # synthetic images and the split assignment
     # synthetic shapes
-    num_images: int = 2000
-    image_size: int = 64
-    min_objects: int = 1
-    max_objects: int = 3
-    captions_per_image: int = 5
+    num_images: int = 2000             # synthetic: how many images
+    image_size: int = 64               # synthetic: image side in pixels
+    min_objects: int = 1               # synthetic: objects per image, at least
+    max_objects: int = 3               # synthetic: objects per image, at most (<= 3)
+    captions_per_image: int = 5        # synthetic: reference captions per image
     # coco: captions JSON + image folder; karpathy: split JSON + image folder
-    captions_json: str = ""
-    images_dir: str = ""
+    captions_json: str = ""            # coco: captions_*.json; karpathy: dataset_*.json
+    images_dir: str = ""               # coco/karpathy: folder the image paths are relative to
     # tfds
-    tfds_name: str = "coco_captions"
-    tfds_data_dir: str = ""
-    tfds_splits: str = "train,val,test"
+    tfds_name: str = "coco_captions"   # tfds: dataset name
+    tfds_data_dir: str = ""            # tfds: data_dir ("" = TFDS default)
+    tfds_splits: str = "train,val,test"  # tfds: splits to read (validation->val, restval->train)
     # splits (coco / synthetic); karpathy and tfds keep their own splits
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    max_images: int = 0                # 0 = no limit
-    num_shards: int = 2
+    val_fraction: float = 0.1          # synthetic/coco: fraction of images in val
+    test_fraction: float = 0.1         # synthetic/coco: fraction of images in test
+    max_images: int = 0                # accept at most this many images (0 = no limit)
+    num_shards: int = 2                # TFRecord shards per split
 
 
 @dataclass(frozen=True)
@@ -49,49 +49,49 @@ class EncoderConfig:
     """The CNN whose conv grid gives the annotation vectors a_i."""
     kind: str = "small_cnn"            # small_cnn | keras_app
     application: str = "VGG19"         # any keras.applications model name
-    layer: str = "block5_conv4"
+    layer: str = "block5_conv4"        # keras_app: the conv layer giving the grid
     weights: str = "none"              # imagenet | none | path to a weights file
     image_size: int = 64               # input side in pixels (square)
     width: int = 64                    # small CNN: channels of the first block
     grid_size: int = 8                 # small CNN: output grid side H = W
     coord_channels: bool = True        # append (x, y) of each cell to a_i
     # EncoderTrainer (small CNN on caption words as multi-label targets)
-    train: bool = True
-    batch_size: int = 64
-    learning_rate: float = 2e-3
-    max_epochs: int = 30
+    train: bool = True                 # small_cnn: train it on caption words (EncoderTrainer)
+    batch_size: int = 64               # EncoderTrainer batch size
+    learning_rate: float = 2e-3        # EncoderTrainer Adam learning rate
+    max_epochs: int = 30               # EncoderTrainer epoch limit (early stopping usually ends it)
     patience: int = 3                  # epochs without val mAP improvement
-    min_delta: float = 1e-3
+    min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
 
 
 @dataclass(frozen=True)
 class PreprocessConfig:
     """Beam preprocessing: encoder inference and vocabulary."""
     runner: str = "direct"             # direct | portable | any Beam runner name
-    direct_num_workers: int = 1
+    direct_num_workers: int = 1        # direct runner workers (multi_processing mode)
     direct_running_mode: str = "in_memory"  # in_memory | multi_threading | multi_processing
-    max_batch_size: int = 64
-    min_batch_size: int = 8
-    vocab_min_count: int = 1
-    vocab_max_size: int = 10000
+    max_batch_size: int = 64           # RunInference batch bound
+    min_batch_size: int = 8            # RunInference smallest batch
+    vocab_min_count: int = 1           # words seen fewer times in train become <unk>
+    vocab_max_size: int = 10000        # vocabulary size limit, reserved tokens included
     max_caption_length: int = 30       # tokens, without <start>/<end>
-    num_shards: int = 2
+    num_shards: int = 2                # output TFRecord shards per split
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The attention decoder (Xu et al. 2015, sections 3-4)."""
     attention: str = "soft"            # soft | hard
-    embedding_dim: int = 128
-    hidden_dim: int = 256
-    attention_dim: int = 128
-    dropout: float = 0.3
+    embedding_dim: int = 128           # word embedding size m
+    hidden_dim: int = 256              # LSTM size n
+    attention_dim: int = 128           # hidden size of the attention MLP f_att
+    dropout: float = 0.3               # dropout on the deep output layer
     use_gate: bool = True              # beta_t gating scalar (section 4.2.1)
-    doubly_stochastic_lambda: float = 1.0
+    doubly_stochastic_lambda: float = 1.0  # lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1)
     entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
     reinforce_lambda: float = 1.0      # hard attention lambda_r
     expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
-    baseline_decay: float = 0.9
+    baseline_decay: float = 0.9        # hard: REINFORCE moving-average baseline decay
     hard_inference: str = "expected"   # expected | argmax
 
 
@@ -102,62 +102,62 @@ class TrainConfig:
     devices: str = ""                  # mirrored: comma-separated devices
     cpu_logical_devices: int = 0       # split the CPU for mirrored on CPU-only hosts
     batch_size: int = 64               # global batch
-    epochs: int = 10
+    epochs: int = 10                   # epoch limit (early stopping may end sooner)
     max_steps: int = 0                 # 0 = no step limit
     optimizer: str = "adam"            # adam | rmsprop
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3        # peak learning rate
     lr_schedule: str = "constant"      # constant | cosine
-    warmup_steps: int = 0
-    clip_norm: float = 5.0
+    warmup_steps: int = 0              # linear warmup steps
+    clip_norm: float = 5.0             # global gradient norm clip (0 = off)
     early_stopping_metric: str = "val_loss"  # val_loss | bleu4
-    patience: int = 3
-    val_examples: int = 256
-    checkpoint_every: int = 200
-    keep_checkpoints: int = 3
-    shuffle_buffer: int = 2048
-    cache: bool = True
-    bucket_by_length: bool = False
+    patience: int = 3                  # epochs without improvement before stopping
+    val_examples: int = 256            # validation images for early stopping
+    checkpoint_every: int = 200        # steps between checkpoints (resume after a crash)
+    keep_checkpoints: int = 3          # checkpoints kept by the CheckpointManager
+    shuffle_buffer: int = 2048         # tf.data shuffle buffer (images)
+    cache: bool = True                 # cache parsed records in memory (small data)
+    bucket_by_length: bool = False     # batch captions of similar length together
     mixed_precision: str = "float32"   # float32 | mixed_float16 | mixed_bfloat16
-    jit_compile: bool = False
-    seed: int = 0
-    log_every: int = 20
+    jit_compile: bool = False          # XLA-compile the train step
+    seed: int = 0                      # model init, shuffling and caption sampling
+    log_every: int = 20                # steps between TensorBoard scalar summaries
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluator: decoding, metrics, figures and blessing thresholds."""
-    beam_size: int = 3
-    max_length: int = 30
+    beam_size: int = 3                 # 1 = greedy
+    max_length: int = 30               # longest caption, in words
     length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha
-    batch_size: int = 128
-    num_figures: int = 6
+    batch_size: int = 128              # images decoded per batch
+    num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
-    thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})
-    max_regression: float = 0.05
+    thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})  # metric -> minimum for blessing (JSON)
+    max_regression: float = 0.05       # allowed drop below the last pushed model's metrics
 
 
 @dataclass(frozen=True)
 class PushConfig:
     """Pusher: SavedModel versions for TensorFlow Serving."""
     serving_dir: str = ""              # empty = <root>/serving
-    model_name: str = "captioner"
-    keep_versions: int = 3
-    beam_size: int = 3
-    max_length: int = 30
+    model_name: str = "captioner"      # model name in TF Serving
+    keep_versions: int = 3             # newest versions kept in the serving folder
+    beam_size: int = 3                 # beam size of the exported graph (1 = greedy)
+    max_length: int = 30               # longest caption of the exported graph
     max_batch_size: int = 32           # batching_parameters.txt
-    batch_timeout_micros: int = 2000
-    num_warmup_requests: int = 2
+    batch_timeout_micros: int = 2000   # batching_parameters.txt
+    num_warmup_requests: int = 2       # records in assets.extra/tf_serving_warmup_requests
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """Defaults for `captioner serve`."""
-    host: str = "127.0.0.1"
-    port: int = 8500
-    rest_port: int = 8501
-    poll_seconds: float = 1.0
-    max_request_bytes: int = 16 * 1024 * 1024
-    max_image_pixels: int = 40_000_000
+    host: str = "127.0.0.1"            # bind address (loopback unless told otherwise)
+    port: int = 8500                   # gRPC port
+    rest_port: int = 8501              # REST port
+    poll_seconds: float = 1.0          # how often the model folder is scanned
+    max_request_bytes: int = 16 * 1024 * 1024  # larger requests get RESOURCE_EXHAUSTED
+    max_image_pixels: int = 40_000_000  # larger images get INVALID_ARGUMENT
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""Pusher: exports a blessed model as a new SavedModel version for TensorFlow Serving.
+
+The version folder `<serving_dir>/<model_name>/<version>/` is assembled in a
+hidden sibling (`.tmp-*`, which TF Serving and `captioner serve` ignore) and
+published with one atomic rename, so a polling server never sees half a
+model. Old versions beyond `push.keep_versions` are first renamed out of the
+way, then deleted. `models.config` and `batching_parameters.txt` for
+`tensorflow_model_server` are rewritten atomically too.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+MODELS_CONFIG = "models.config"
+BATCHING_PARAMETERS = "batching_parameters.txt"
+
+
+def existing_versions(model_dir: str) -> list[int]:
+    """Published integer versions in a model folder, ascending."""
+    if not os.path.isdir(model_dir):
+        return []
+    return sorted(int(e) for e in os.listdir(model_dir)
+                  if e.isdigit() and os.path.isdir(os.path.join(model_dir, e)))
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def models_config_text(serving_dir: str, model_names: list[str]) -> str:
+    """`model_config_list` text for `--model_config_file`, validated by parsing it."""
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+    config = model_server_config_pb2.ModelServerConfig()
+    for name in model_names:
+        entry = config.model_config_list.config.add()
+        entry.name = name
+        entry.base_path = os.path.abspath(os.path.join(serving_dir, name))
+        entry.model_platform = "tensorflow"
+        entry.model_version_policy.latest.num_versions = 1
+    text = text_format.MessageToString(config)
+    text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
+    return text
+
+
+def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int,
+                             num_batch_threads: int = 4, max_enqueued_batches: int = 100) -> str:
+    """`--batching_parameters_file` text (the batching protos are not shipped: plain text)."""
+    return (f"max_batch_size {{ value: {int(max_batch_size)} }}\n"
+            f"batch_timeout_micros {{ value: {int(batch_timeout_micros)} }}\n"
+            f"num_batch_threads {{ value: {int(num_batch_threads)} }}\n"
+            f"max_enqueued_batches {{ value: {int(max_enqueued_batches)} }}\n"
+            "pad_variable_length_inputs: true\n")
+
+
+def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str]:
+    """Builds a new version with `build(tmp_path)` and publishes it atomically.
+
+    Args:
+      model_dir: `<serving_dir>/<model_name>`.
+      build: writes the SavedModel into the path it is given.
+      keep_versions: how many published versions to keep (the newest).
+    Returns:
+      (version, path).
+    """
+    os.makedirs(model_dir, exist_ok=True)
+    for entry in os.listdir(model_dir):  # leftovers of a killed push
+        if entry.startswith((".tmp-", ".deleting-")):
+            shutil.rmtree(os.path.join(model_dir, entry), ignore_errors=True)
+    version = max(existing_versions(model_dir), default=0) + 1
+    tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
+    build(tmp)
+    from pipeline.artifacts import fsync_tree
+    fsync_tree(tmp)
+    final = os.path.join(model_dir, str(version))
+    while os.path.exists(final):  # a concurrent pusher took it
+        version += 1
+        final = os.path.join(model_dir, str(version))
+    os.rename(tmp, final)
+    for old in existing_versions(model_dir)[:-max(1, keep_versions)]:
+        trash = os.path.join(model_dir, f".deleting-{old}")
+        os.rename(os.path.join(model_dir, str(old)), trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return version, final
+
+
+def run(ctx) -> dict:
+    """Pushes the model if the Blessing says so; otherwise pushes nothing and says why."""
+    cfg = ctx.config.push
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    blessing = ctx.inputs["blessing"]
+    if not blessing.properties.get("blessed"):
+        reasons = blessing.properties.get("reasons", [])
+        log("[Pusher] model NOT blessed, nothing pushed: " + "; ".join(reasons))
+        return {"pushed_model": {"counts": {"pushed": 0},
+                                 "properties": {"pushed": False, "reasons": reasons}}}
+    import keras
+    import models.encoder  # noqa: F401  (registers the custom layers)
+    import models.show_attend_tell  # noqa: F401
+    from serving.export import export_saved_model, load_vocabulary
+    serving_dir = os.path.abspath(cfg.serving_dir or os.path.join(ctx.root, "serving"))
+    model_dir = os.path.join(serving_dir, cfg.model_name)
+    model_art = ctx.inputs["model"]
+    model_file = model_art.path("best.keras")
+    if not os.path.exists(model_file):
+        model_file = model_art.path("model.keras")
+    decoder = keras.saving.load_model(model_file)
+    encoder = keras.saving.load_model(ctx.inputs["encoder"].path("encoder.keras"))
+    vocabulary = load_vocabulary(ctx.inputs["vocabulary"].path("vocab.txt"))
+    start = time.time()
+    version, path = publish_version(
+        model_dir,
+        lambda tmp: export_saved_model(tmp, encoder, decoder, vocabulary,
+                                       beam_size=cfg.beam_size, max_length=cfg.max_length,
+                                       model_name=cfg.model_name,
+                                       num_warmup_requests=cfg.num_warmup_requests),
+        cfg.keep_versions)
+    names = sorted(e for e in os.listdir(serving_dir)
+                   if os.path.isdir(os.path.join(serving_dir, e)) and not e.startswith("."))
+    _atomic_write(os.path.join(serving_dir, MODELS_CONFIG), models_config_text(serving_dir, names))
+    _atomic_write(os.path.join(serving_dir, BATCHING_PARAMETERS),
+                  batching_parameters_text(cfg.max_batch_size, cfg.batch_timeout_micros))
+    log(f"[Pusher] pushed version {version} to {path} in {time.time() - start:.1f}s")
+    return {"pushed_model": {
+        "counts": {"pushed": 1},
+        "properties": {"pushed": True, "version": version, "path": path,
+                       "serving_dir": serving_dir, "model_name": cfg.model_name,
+                       "model_uri": model_art.uri,
+                       "evaluation_uri": ctx.inputs["evaluation"].uri,
+                       "models_config": os.path.join(serving_dir, MODELS_CONFIG),
+                       "external_paths": [path]}}}
