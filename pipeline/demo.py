@@ -100,11 +100,11 @@ def main(argv=None) -> int:
         client = CaptionClient(grpc_target, model_name=config.push.model_name)
         results = client.caption([images[i] for i in wanted])
         os.makedirs(attention_dir, exist_ok=True)
-        from serving.client import write_attention_png
+        from serving.attention_figure import save_attention_figure
         served = []
         for image_id, result in zip(wanted, results):
-            write_attention_png(images[image_id], result,
-                                os.path.join(attention_dir, f"{image_id}.png"))
+            save_attention_figure(images[image_id], result["caption"].split(),
+                                  result["attention"], os.path.join(attention_dir, f"{image_id}.png"))
             served.append({"image_id": image_id, **{k: result[k] for k in ("caption", "score")},
                            "references": references[image_id]})
             print(f"\n  {image_id}  (score {result['score']:.3f})\n"

@@ -1,0 +1,362 @@
+"""gRPC client for the captioner, for TF Serving or this project's server alike.
+
+Built only on `tensorflow-serving-api`'s stubs, grpc and numpy: images go
+out as raw encoded bytes in a `tf.string` tensor (`image_bytes`), so the
+same client works against `tensorflow_model_server` and `captioner serve`.
+
+    from serving.client import CaptionClient
+    with CaptionClient("localhost:8500") as client:
+        for result in client.caption([open("dog.jpg", "rb").read()]):
+            print(result["caption"], result["score"])
+
+Command line (`captioner caption`):
+
+    captioner caption dog.jpg cat.png --server localhost:8500 [--json]
+        [--attention-out figures/]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import grpc
+import numpy as np
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
+                                     model_service_pb2_grpc, predict_pb2,
+                                     prediction_service_pb2_grpc)
+
+from serving.tensors import dtype_name, ndarray_to_tensor_proto, tensor_proto_to_ndarray
+
+_HINTS = {
+    grpc.StatusCode.UNAVAILABLE: "is a model server listening there (and TLS set the same "
+                                 "way on both sides)?",
+    grpc.StatusCode.NOT_FOUND: "check the model name and version (GetModelStatus lists them)",
+    grpc.StatusCode.FAILED_PRECONDITION: "check the signature name (metadata() lists them)",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the request is larger than the server accepts; "
+                                        "send fewer or smaller images",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "raise the timeout or send fewer images per request",
+}
+
+
+class CaptionError(Exception):
+    """A failed call, with the gRPC status code and the server's details.
+
+    Attributes:
+      code: the `grpc.StatusCode`.
+      details: the server's message.
+      method: the RPC that failed.
+      target: the server address.
+    """
+
+    def __init__(self, code: grpc.StatusCode, details: str, method: str = "", target: str = ""):
+        self.code = code
+        self.details = details or ""
+        self.method = method
+        self.target = target
+        hint = _HINTS.get(code)
+        message = f"{method} on {target} failed: {code.name}: {self.details}"
+        super().__init__(message + (f" ({hint})" if hint else ""))
+
+
+class CaptionClient:
+    """Captions images through TF Serving's PredictionService.
+
+    Args:
+      target: `host:port` of the gRPC API.
+      model_name: the served model's name.
+      signature: the signature for `caption` (default `serving_default`).
+      version: a version number, a version label (str), or None for the
+        latest.
+      timeout: seconds per attempt of each call.
+      root_certificates: PEM bytes (or a path to a PEM file) of the CA that
+        signed the server's certificate; enables TLS.
+      max_attempts: tries per call when the server is UNAVAILABLE.
+      initial_backoff, max_backoff: exponential backoff bounds (seconds)
+        between those tries, with jitter.
+      input_name: the image input's name in the signature.
+    """
+
+    def __init__(self, target: str, model_name: str = "captioner",
+                 signature: str = "serving_default",
+                 version: Optional[Union[int, str]] = None, timeout: float = 30.0,
+                 root_certificates: Optional[Union[bytes, str]] = None, *,
+                 max_attempts: int = 5, initial_backoff: float = 0.1, max_backoff: float = 2.0,
+                 input_name: str = "image_bytes", max_message_bytes: int = 256 << 20):
+        self.target = target
+        self.model_name = model_name
+        self.signature = signature
+        self.timeout = timeout
+        self.max_attempts = max(1, max_attempts)
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.input_name = input_name
+        self.version: Optional[int] = None
+        self.version_label: Optional[str] = None
+        if isinstance(version, str) and not version.isdigit():
+            self.version_label = version
+        elif version is not None:
+            self.version = int(version)
+        # The channel's own reconnect backoff (1 s, growing, by default) would
+        # make retries fail fast until it elapses: keep it at the client's pace.
+        backoff_ms = max(10, int(initial_backoff * 1000))
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+                   ("grpc.min_reconnect_backoff_ms", backoff_ms),
+                   ("grpc.max_reconnect_backoff_ms", max(backoff_ms, int(max_backoff * 1000)))]
+        if root_certificates is not None:
+            if isinstance(root_certificates, str):
+                with open(root_certificates, "rb") as f:
+                    root_certificates = f.read()
+            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._predictions = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+        self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
+
+    # -- plumbing ----------------------------------------------------------
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "CaptionClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def model_spec(self, signature: Optional[str] = None) -> model_pb2.ModelSpec:
+        """The ModelSpec requests carry (name, version or label, signature)."""
+        spec = model_pb2.ModelSpec(name=self.model_name)
+        if signature is not None:
+            spec.signature_name = signature
+        if self.version is not None:
+            spec.version.value = self.version
+        elif self.version_label:
+            spec.version_label = self.version_label
+        return spec
+
+    def _call(self, method, name: str, request):
+        """One RPC, retried with backoff while the server is UNAVAILABLE."""
+        delay = self.initial_backoff
+        for attempt in range(self.max_attempts):
+            try:
+                return method(request, timeout=self.timeout)
+            except grpc.RpcError as e:
+                code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
+                details = e.details() if callable(getattr(e, "details", None)) else str(e)
+                if code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < self.max_attempts:
+                    time.sleep(delay * random.uniform(0.8, 1.2))
+                    delay = min(delay * 2, self.max_backoff)
+                    continue
+                raise CaptionError(code, details, name, self.target) from None
+
+    # -- API ---------------------------------------------------------------
+
+    def predict(self, inputs: Mapping[str, Any], signature: Optional[str] = None,
+                output_filter: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+        """Generic Predict: named arrays in, named arrays out.
+
+        Args:
+          inputs: input alias -> array (lists of bytes/str become tf.string).
+          signature: the signature (default: the client's).
+          output_filter: the outputs to return (default: all).
+        """
+        return self._predict(inputs, signature, output_filter)[0]
+
+    def _predict(self, inputs, signature, output_filter):
+        """(outputs, the version that answered)."""
+        request = predict_pb2.PredictRequest(
+            model_spec=self.model_spec(self.signature if signature is None else signature),
+            output_filter=list(output_filter))
+        for name, value in inputs.items():
+            request.inputs[name].CopyFrom(ndarray_to_tensor_proto(value))
+        response = self._call(self._predictions.Predict, "Predict", request)
+        version = (response.model_spec.version.value
+                   if response.model_spec.HasField("version") else None)
+        outputs = {name: tensor_proto_to_ndarray(proto) for name, proto in response.outputs.items()}
+        return outputs, version
+
+    def caption(self, images: Sequence[bytes], attention: bool = True) -> List[Dict[str, Any]]:
+        """Captions encoded images (JPEG/PNG/GIF/BMP bytes), one request.
+
+        Args:
+          images: encoded image bytes.
+          attention: also fetch the attention maps (else they are filtered
+            out on the server, which saves bandwidth).
+        Returns:
+          One dict per image: `caption` (str), `score` (float log-probability),
+          `tokens` (int32 `[length]`), `length` (int), `attention` (float32
+          `[length, H, W]`, or None), `version` (int, the version that answered).
+          Tokens and attention are cut to the caption's length, so padding
+          (which depends on the other images in a batch) never shows.
+        Raises:
+          CaptionError: the server refused or failed the request.
+        """
+        images = list(images)
+        if not images:
+            return []
+        array = np.empty(len(images), dtype=object)
+        array[:] = [bytes(image) for image in images]
+        wanted = () if attention else ("caption", "tokens", "lengths", "score")
+        outputs, version = self._predict({self.input_name: array}, None, wanted)
+        return self._results(outputs, len(images), version)
+
+    def caption_annotations(self, annotations: np.ndarray,
+                            signature: str = "caption_annotations") -> List[Dict[str, Any]]:
+        """Captions precomputed annotation grids `(batch, L, D)` (the second signature)."""
+        annotations = np.asarray(annotations, dtype=np.float32)
+        outputs, version = self._predict({"annotations": annotations}, signature, ())
+        return self._results(outputs, annotations.shape[0], version)
+
+    def _results(self, outputs: Dict[str, np.ndarray], batch: int,
+                 version: Optional[int]) -> List[Dict[str, Any]]:
+        missing = {"caption", "score"} - set(outputs)
+        if missing:
+            raise CaptionError(grpc.StatusCode.INTERNAL,
+                               f"response lacks outputs {sorted(missing)}; is this the "
+                               f"captioner's signature?", "Predict", self.target)
+        results = []
+        for i in range(batch):
+            tokens = outputs["tokens"][i] if "tokens" in outputs else np.zeros(0, np.int32)
+            length = int(outputs["lengths"][i]) if "lengths" in outputs else len(tokens)
+            length = min(length, len(tokens)) if len(tokens) else length
+            caption = outputs["caption"][i]
+            attention = outputs.get("attention")
+            results.append({
+                "caption": caption.decode("utf-8", "replace") if isinstance(caption, bytes)
+                else str(caption),
+                "score": float(outputs["score"][i]),
+                "tokens": np.asarray(tokens[:length]),
+                "length": length,
+                "attention": None if attention is None else np.asarray(attention[i][:length]),
+                "version": version,
+            })
+        return results
+
+    def metadata(self, raw: bool = False):
+        """The served signatures (GetModelMetadata).
+
+        Returns:
+          With `raw`, the GetModelMetadataResponse. Otherwise a dict:
+          `{"name", "version", "signatures": {key: {"method_name",
+          "inputs": {alias: {"dtype": "DT_STRING", "shape": [-1]}},
+          "outputs": {...}}}}` (-1 for an unknown dimension).
+        """
+        request = get_model_metadata_pb2.GetModelMetadataRequest(
+            model_spec=self.model_spec(), metadata_field=["signature_def"])
+        response = self._call(self._predictions.GetModelMetadata, "GetModelMetadata", request)
+        if raw:
+            return response
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signature_map)
+
+        def tensors(infos):
+            return {alias: {"dtype": dtype_name(info.dtype),
+                            "shape": None if info.tensor_shape.unknown_rank
+                            else [d.size for d in info.tensor_shape.dim]}
+                    for alias, info in sorted(infos.items())}
+
+        return {
+            "name": response.model_spec.name,
+            "version": response.model_spec.version.value,
+            "signatures": {key: {"method_name": sig.method_name,
+                                 "inputs": tensors(sig.inputs),
+                                 "outputs": tensors(sig.outputs)}
+                           for key, sig in sorted(signature_map.signature_def.items())},
+        }
+
+    def status(self) -> List[Dict[str, Any]]:
+        """Versions and their states (ModelService.GetModelStatus), newest first."""
+        request = get_model_status_pb2.GetModelStatusRequest(model_spec=self.model_spec())
+        response = self._call(self._models.GetModelStatus, "GetModelStatus", request)
+        states = get_model_status_pb2.ModelVersionStatus.State
+        return [{"version": s.version, "state": states.Name(s.state),
+                 "error_code": s.status.error_code, "error_message": s.status.error_message}
+                for s in response.model_version_status]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="captioner caption",
+                                description="Caption images with a served captioner.")
+    p.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
+    p.add_argument("--server", default="localhost:8500", help="gRPC host:port")
+    p.add_argument("--model-name", default="captioner")
+    p.add_argument("--version", help="version number or label (default: latest)")
+    p.add_argument("--signature", default="serving_default")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--attention-out", metavar="DIR",
+                   help="write a PNG of per-word attention maps per image here")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--root-cert", help="PEM CA certificate: connect with TLS")
+    p.add_argument("--batch-size", type=int, default=8, help="images per request")
+    return p
+
+
+def caption_main(argv: Optional[Sequence[str]] = None) -> int:
+    """`captioner caption IMAGE... --server HOST:PORT`.
+
+    Prints `IMAGE<TAB>CAPTION<TAB>score=S` per image (or JSON lines with
+    `--json`). Returns 0 when every image was captioned, 1 otherwise.
+    """
+    args = _parser().parse_args(argv)
+    items, failures = [], 0
+    for path in args.images:
+        try:
+            with open(path, "rb") as f:
+                items.append((path, f.read()))
+        except OSError as e:
+            print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+            failures += 1
+    if args.attention_out:
+        os.makedirs(args.attention_out, exist_ok=True)
+    want_attention = bool(args.attention_out)
+    with CaptionClient(args.server, args.model_name, args.signature, args.version,
+                       args.timeout, args.root_cert) as client:
+        step = max(1, args.batch_size)
+        for start in range(0, len(items), step):
+            chunk = items[start:start + step]
+            try:
+                pairs = list(zip(chunk, client.caption([data for _, data in chunk],
+                                                       attention=want_attention)))
+            except CaptionError as e:
+                if e.code != grpc.StatusCode.INVALID_ARGUMENT:
+                    print(f"captioner caption: {e}", file=sys.stderr)
+                    return 1
+                pairs = []
+                for item in chunk:  # find the image the server refused
+                    try:
+                        pairs.append((item, client.caption([item[1]],
+                                                           attention=want_attention)[0]))
+                    except CaptionError as one:
+                        print(f"{item[0]}: {one.code.name}: {one.details}", file=sys.stderr)
+                        failures += 1
+            for (path, data), result in pairs:
+                figure = None
+                if want_attention and result["attention"] is not None:
+                    from serving.attention_figure import save_attention_figure
+                    name = os.path.splitext(os.path.basename(path))[0] + ".attention.png"
+                    figure = save_attention_figure(data, result["caption"].split(),
+                                                   result["attention"],
+                                                   os.path.join(args.attention_out, name))
+                if args.json:
+                    line = {"image": path, "caption": result["caption"],
+                            "score": result["score"], "tokens": result["tokens"].tolist(),
+                            "version": result["version"]}
+                    if figure:
+                        line["attention_figure"] = figure
+                    print(json.dumps(line), flush=True)
+                else:
+                    print(f"{path}\t{result['caption']}\tscore={result['score']:.4f}",
+                          flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(caption_main())

@@ -1,0 +1,449 @@
+"""Which model versions are loaded: watches base paths like TF Serving does.
+
+Every poll interval, each model's `base_path` is listed. Folders whose name
+is an integer (not starting with '.') and that hold a `saved_model.pb` are
+versions; the version policy picks the ones to serve (`latest` N, `all`,
+or `specific` versions). A new version is loaded and warmed up while the old
+ones keep serving; only then does it enter the table, and only then are
+versions that left the policy unloaded (TF Serving's availability-preserving
+policy). A version whose folder disappeared is unloaded at once. Requests
+hold a reference to the `Servable` they started on, so an unloaded version
+finishes its in-flight requests before Python frees it.
+
+Models come from one `--model_base_path` or from a `models.config` file
+(`ModelServerConfig` text format), which is re-read when it changes.
+Request model names are only ever looked up in the loaded table: no request
+field reaches the file system.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import grpc
+import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving.batching_parameters import BatchingParameters
+from serving.errors import ServingError, invalid_argument, not_found
+from serving.servable import Servable
+
+log = logging.getLogger(__name__)
+
+_VERSION_DIR = re.compile(r"^[0-9]+$")
+# A version that fails to load (say, copied in non-atomically) is retried
+# this many times, 2, 4, 8... seconds apart, and again whenever its
+# saved_model.pb changes.
+MAX_LOAD_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Which of the versions on disk to serve (TF Serving's ServableVersionPolicy)."""
+    kind: str = "latest"              # latest | all | specific
+    num_versions: int = 1             # latest
+    versions: Tuple[int, ...] = ()    # specific
+
+    def __post_init__(self):
+        if self.kind not in ("latest", "all", "specific"):
+            raise ValueError(f"unknown version policy {self.kind!r}")
+        if self.kind == "latest" and self.num_versions < 1:
+            raise ValueError("latest: num_versions must be >= 1")
+        if self.kind == "specific" and not self.versions:
+            raise ValueError("specific: give at least one version")
+
+    @classmethod
+    def parse(cls, text: str) -> "VersionPolicy":
+        """Parses `latest`, `latest:N`, `all` or `specific:1,2`."""
+        kind, _, arg = text.strip().partition(":")
+        try:
+            if kind == "latest":
+                return cls("latest", int(arg) if arg else 1)
+            if kind == "all" and not arg:
+                return cls("all")
+            if kind == "specific":
+                return cls("specific", versions=tuple(sorted({int(v) for v in arg.split(",")})))
+        except ValueError as e:
+            raise ValueError(f"bad version policy {text!r}: {e}") from None
+        raise ValueError(f"bad version policy {text!r}; use latest:N, all or specific:1,2")
+
+    @classmethod
+    def from_proto(cls, policy) -> "VersionPolicy":
+        """From a `FileSystemStoragePathSourceConfig.ServableVersionPolicy`."""
+        choice = policy.WhichOneof("policy_choice")
+        if choice == "all":
+            return cls("all")
+        if choice == "specific":
+            return cls("specific", versions=tuple(sorted(set(policy.specific.versions))))
+        if choice == "latest":
+            return cls("latest", policy.latest.num_versions or 1)
+        return cls()
+
+    def select(self, versions) -> set:
+        """The versions to serve among those on disk."""
+        versions = sorted(versions)
+        if self.kind == "all":
+            return set(versions)
+        if self.kind == "specific":
+            return set(versions) & set(self.versions)
+        return set(versions[-self.num_versions:])
+
+    def __str__(self) -> str:
+        if self.kind == "latest":
+            return f"latest:{self.num_versions}"
+        if self.kind == "specific":
+            return "specific:" + ",".join(map(str, self.versions))
+        return "all"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One served model: its name, base path, version policy and labels."""
+    name: str
+    base_path: str
+    policy: VersionPolicy = VersionPolicy()
+    labels: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class VersionStatus:
+    """A version's state as GetModelStatus reports it."""
+    state: str                        # START | LOADING | AVAILABLE | UNLOADING | END
+    error_code: grpc.StatusCode = grpc.StatusCode.OK
+    error_message: str = ""
+
+
+def read_model_config(path: str) -> List[ModelSource]:
+    """Parses a `models.config` (ModelServerConfig text format).
+
+    Relative base paths are taken relative to the config file's folder.
+    Raises:
+      ValueError: unparsable text, a custom config, duplicate or missing
+        names, missing base paths, or a platform other than tensorflow.
+    """
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            text = f.read()
+    except tf.errors.OpError as e:
+        raise ValueError(f"cannot read the model config {path}: {e.message}") from None
+    config = model_server_config_pb2.ModelServerConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if config.WhichOneof("config") == "custom_model_config":
+        raise ValueError(f"{path}: custom_model_config is not supported")
+    sources, seen = [], set()
+    for entry in config.model_config_list.config:
+        if not entry.name:
+            raise ValueError(f"{path}: a model config has no name")
+        if entry.name in seen:
+            raise ValueError(f"{path}: model {entry.name!r} is configured twice")
+        if not entry.base_path:
+            raise ValueError(f"{path}: model {entry.name!r} has no base_path")
+        if entry.model_platform not in ("", "tensorflow"):
+            raise ValueError(f"{path}: model {entry.name!r}: platform "
+                             f"{entry.model_platform!r} is not supported")
+        seen.add(entry.name)
+        base = entry.base_path
+        if "://" not in base and not os.path.isabs(base):
+            base = os.path.join(os.path.dirname(os.path.abspath(path)), base)
+        policy = (VersionPolicy.from_proto(entry.model_version_policy)
+                  if entry.HasField("model_version_policy") else VersionPolicy())
+        sources.append(ModelSource(entry.name, base, policy, dict(entry.version_labels)))
+    return sources
+
+
+class ModelManager:
+    """Loads, warms up, serves and unloads model versions (see module doc).
+
+    Args:
+      sources: the models to serve (with no `config_file`).
+      config_file: a `models.config` to read the models from, re-read when
+        its modification time changes.
+      poll_seconds: seconds between polls; <= 0 polls once, at start.
+      max_image_pixels: passed to every `Servable`.
+      batching: batching parameters for every `Servable`, or None.
+      warmup: `warmup(request, servable)` that replays one warmup
+        PredictRequest; None skips warmup.
+      on_change: called with no argument after each poll that changed the table.
+    """
+
+    def __init__(self, sources: Optional[List[ModelSource]] = None,
+                 config_file: Optional[str] = None, poll_seconds: float = 1.0,
+                 max_image_pixels: int = 0, batching: Optional[BatchingParameters] = None,
+                 warmup: Optional[Callable] = None, on_change: Optional[Callable] = None):
+        if bool(sources) == bool(config_file):
+            raise ValueError("give either model sources or a model config file")
+        self.config_file = config_file
+        self.poll_seconds = poll_seconds
+        self.max_image_pixels = max_image_pixels
+        self.batching = batching
+        self._warmup = warmup
+        self._on_change = on_change
+        self._lock = threading.RLock()
+        self._poll_lock = threading.Lock()
+        self._sources: Dict[str, ModelSource] = {}
+        self._servables: Dict[str, Dict[int, Servable]] = {}
+        self._states: Dict[str, Dict[int, VersionStatus]] = {}
+        # (model, version) -> (saved_model.pb mtime, failed attempts, next retry time)
+        self._failed: Dict[Tuple[str, int], Tuple[Optional[int], int, float]] = {}
+        self._missing_warned: set = set()
+        self._config_mtime: Optional[float] = None
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        if config_file:
+            self._set_sources(read_model_config(config_file))
+            self._config_mtime = _mtime(config_file)
+        else:
+            self._set_sources(sources)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Polls once (loading the initial versions), then keeps polling in a thread."""
+        self.poll()
+        if self.poll_seconds > 0:
+            self._thread = threading.Thread(target=self._loop, name="model-poller", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stops polling and unloads everything."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            servables = [s for versions in self._servables.values() for s in versions.values()]
+            self._servables = {name: {} for name in self._servables}
+        for servable in servables:
+            servable.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.poll()
+            except Exception:  # a poll must never kill the poller
+                log.exception("model poll failed")
+
+    def poll(self) -> None:
+        """One pass: re-reads the config file if changed, syncs every model."""
+        with self._poll_lock:
+            changed = self._reload_config()
+            for source in list(self._sources.values()):
+                if self._stop.is_set():
+                    break
+                changed |= self._sync(source)
+        if changed and self._on_change is not None:
+            self._on_change()
+
+    # -- queries -----------------------------------------------------------
+
+    @property
+    def model_names(self) -> List[str]:
+        with self._lock:
+            return sorted(self._sources)
+
+    def get(self, name: str, version: Optional[int] = None,
+            label: Optional[str] = None) -> Servable:
+        """The servable for a request's model spec.
+
+        Args:
+          name: model name (looked up in the table only).
+          version: a specific version, or None for the latest available.
+          label: a version label from models.config (instead of `version`).
+        Raises:
+          ServingError: NOT_FOUND (unknown model/version), INVALID_ARGUMENT
+            (unknown label).
+        """
+        with self._lock:
+            if label:
+                source = self._sources.get(name)
+                if source is None or label not in source.labels:
+                    raise invalid_argument(f"Unrecognized servable version label: {label}")
+                version = source.labels[label]
+            versions = self._servables.get(name) or {}
+            if version is None:
+                if not versions:
+                    raise not_found(f"Servable not found for request: Latest({name})")
+                return versions[max(versions)]
+            servable = versions.get(version)
+            if servable is None:
+                raise not_found(f"Servable not found for request: Specific({name}, {version})")
+            return servable
+
+    def status(self, name: str, version: Optional[int] = None,
+               label: Optional[str] = None) -> List[Tuple[int, VersionStatus]]:
+        """(version, status) pairs, newest first, as GetModelStatus reports them."""
+        with self._lock:
+            if label:
+                source = self._sources.get(name)
+                if source is None or label not in source.labels:
+                    raise invalid_argument(f"Unrecognized servable version label: {label}")
+                version = source.labels[label]
+            states = self._states.get(name) or {}
+            if version is not None:
+                if version not in states:
+                    raise not_found(f"Could not find version {version} of model {name}")
+                return [(version, states[version])]
+            if not states:
+                raise not_found(f"Could not find any versions of model {name}")
+            return sorted(states.items(), reverse=True)
+
+    def available_versions(self, name: str) -> List[int]:
+        with self._lock:
+            return sorted(self._servables.get(name) or {})
+
+    def ready(self) -> bool:
+        """True when every configured model has at least one available version."""
+        with self._lock:
+            return bool(self._sources) and all(self._servables.get(n) for n in self._sources)
+
+    def wait_for_version(self, name: str, version: int, timeout: float = 30.0,
+                         available: bool = True) -> bool:
+        """Waits until `version` is (or, with available=False, is no longer) served."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (version in self.available_versions(name)) == available:
+                return True
+            time.sleep(0.02)
+        return False
+
+    # -- internals ---------------------------------------------------------
+
+    def _set_sources(self, sources: List[ModelSource]) -> None:
+        with self._lock:
+            self._sources = {s.name: s for s in sources}
+            for name in self._sources:
+                self._servables.setdefault(name, {})
+                self._states.setdefault(name, {})
+
+    def _reload_config(self) -> bool:
+        if not self.config_file:
+            return False
+        mtime = _mtime(self.config_file)
+        if mtime is None or mtime == self._config_mtime:
+            return False
+        try:
+            sources = read_model_config(self.config_file)
+        except Exception as e:  # keep serving the old config
+            log.error("cannot reload %s, keeping the current models: %s", self.config_file, e)
+            self._config_mtime = mtime
+            return False
+        self._config_mtime = mtime
+        log.info("reloaded %s: models %s", self.config_file, [s.name for s in sources])
+        removed = []
+        with self._lock:
+            names = {s.name for s in sources}
+            for name in list(self._sources):
+                if name not in names:
+                    for version, servable in self._servables.pop(name, {}).items():
+                        removed.append(servable)
+                        self._states[name][version] = VersionStatus("END")
+            self._set_sources(sources)
+        for servable in removed:
+            servable.close()
+        return True
+
+    def _scan(self, source: ModelSource) -> Dict[int, str]:
+        """Integer version folders that hold a saved_model.pb."""
+        base = source.base_path
+        try:
+            names = tf.io.gfile.listdir(base)
+        except tf.errors.OpError:
+            if base not in self._missing_warned:
+                log.warning("model %s: base path %s not found", source.name, base)
+                self._missing_warned.add(base)
+            return {}
+        self._missing_warned.discard(base)
+        versions = {}
+        for entry in names:
+            entry = entry.rstrip("/")
+            if entry.startswith(".") or not _VERSION_DIR.match(entry):
+                continue
+            path = os.path.join(base, entry)
+            if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+                versions[int(entry)] = path
+        return versions
+
+    def _set_state(self, name: str, version: int, status: VersionStatus) -> None:
+        with self._lock:
+            self._states.setdefault(name, {})[version] = status
+
+    def _sync(self, source: ModelSource) -> bool:
+        name = source.name
+        on_disk = self._scan(source)
+        desired = source.policy.select(on_disk)
+        changed = False
+        with self._lock:
+            loaded = set(self._servables.get(name) or {})
+        for version in sorted(desired - loaded, reverse=True):
+            path = on_disk[version]
+            stamp = _mtime(os.path.join(path, "saved_model.pb"))
+            failed = self._failed.get((name, version))
+            if failed is not None and failed[0] == stamp and (
+                    failed[1] >= MAX_LOAD_RETRIES or time.monotonic() < failed[2]):
+                continue  # failed and unchanged: retry a few times, spaced out, then stop
+            servable = self._load(source, version, path, stamp)
+            if servable is None:
+                continue
+            with self._lock:
+                if self._sources.get(name) is not source:  # config changed meanwhile
+                    servable.close()
+                    continue
+                self._servables[name][version] = servable
+                self._states[name][version] = VersionStatus("AVAILABLE")
+            changed = True
+            log.info("model %s version %d is available (%d warmup requests)", name, version,
+                     servable.warmup_requests)
+        closing = []
+        with self._lock:
+            servables = self._servables.get(name) or {}
+            keep_old = not (desired & set(servables))  # nothing new loaded: keep serving
+            for version in sorted(servables):
+                if version in desired or (keep_old and version in on_disk):
+                    continue
+                closing.append(servables.pop(version))
+                self._states[name][version] = VersionStatus("END")
+                changed = True
+        for servable in closing:
+            log.info("model %s version %d unloaded", name, servable.version)
+            servable.close()
+        return changed
+
+    def _load(self, source: ModelSource, version: int, path: str,
+              stamp: Optional[float]) -> Optional[Servable]:
+        name = source.name
+        self._set_state(name, version, VersionStatus("LOADING"))
+        started = time.monotonic()
+        try:
+            servable = Servable(name, version, path, self.max_image_pixels, self.batching)
+            if self._warmup is not None:
+                servable.warmup(self._warmup)
+        except Exception as e:
+            code = e.code if isinstance(e, ServingError) else grpc.StatusCode.UNKNOWN
+            message = e.message if isinstance(e, ServingError) else f"{type(e).__name__}: {e}"
+            log.error("model %s version %d failed to load from %s: %s", name, version, path,
+                      message)
+            previous = self._failed.get((name, version))
+            attempts = previous[1] + 1 if previous and previous[0] == stamp else 1
+            self._failed[(name, version)] = (stamp, attempts,
+                                             time.monotonic() + 2.0 ** attempts)
+            self._set_state(name, version, VersionStatus("END", code, message))
+            return None
+        log.info("model %s version %d loaded from %s in %.2fs", name, version, path,
+                 time.monotonic() - started)
+        self._failed.pop((name, version), None)
+        return servable
+
+
+def _mtime(path: str) -> Optional[float]:
+    try:
+        return tf.io.gfile.stat(path).mtime_nsec
+    except tf.errors.OpError:
+        return None

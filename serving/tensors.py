@@ -1,0 +1,153 @@
+"""numpy <-> TensorProto without TensorFlow ops (client and server share it).
+
+Numeric tensors go out as little-endian `tensor_content` (what
+`tf.make_tensor_proto` writes); strings as `string_val`. Reading accepts
+both `tensor_content` and the typed repeated fields (`float_val`, ...),
+with TensorFlow's rule that a short value list is padded with its last
+value, because TF Serving answers with the repeated fields by default.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tensorflow.core.framework import tensor_pb2, types_pb2
+
+DT_STRING = types_pb2.DT_STRING
+
+# dtype enum -> (numpy dtype, repeated field for values when not tensor_content)
+_DTYPES = {
+    types_pb2.DT_FLOAT: (np.float32, "float_val"),
+    types_pb2.DT_DOUBLE: (np.float64, "double_val"),
+    types_pb2.DT_INT32: (np.int32, "int_val"),
+    types_pb2.DT_INT16: (np.int16, "int_val"),
+    types_pb2.DT_INT8: (np.int8, "int_val"),
+    types_pb2.DT_UINT8: (np.uint8, "int_val"),
+    types_pb2.DT_UINT16: (np.uint16, "int_val"),
+    types_pb2.DT_INT64: (np.int64, "int64_val"),
+    types_pb2.DT_UINT32: (np.uint32, "uint32_val"),
+    types_pb2.DT_UINT64: (np.uint64, "uint64_val"),
+    types_pb2.DT_BOOL: (np.bool_, "bool_val"),
+    types_pb2.DT_HALF: (np.float16, "half_val"),
+    types_pb2.DT_COMPLEX64: (np.complex64, "scomplex_val"),
+    types_pb2.DT_COMPLEX128: (np.complex128, "dcomplex_val"),
+}
+_FROM_NUMPY = {np.dtype(np_type): enum for enum, (np_type, _) in _DTYPES.items()}
+
+
+class TensorParseError(ValueError):
+    """A TensorProto that does not describe a valid tensor."""
+
+
+def dtype_name(enum: int) -> str:
+    """'DT_FLOAT' style name of a dtype enum."""
+    return types_pb2.DataType.Name(enum) if enum in types_pb2.DataType.values() else str(enum)
+
+
+def short_dtype_name(enum: int) -> str:
+    """'float', 'string', ... as TensorFlow error messages spell dtypes."""
+    return dtype_name(enum).replace("DT_", "").lower()
+
+
+def numpy_dtype_enum(dtype: np.dtype) -> int:
+    """The TensorProto dtype enum of a numpy dtype (object/bytes/str -> DT_STRING)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "OSU":
+        return DT_STRING
+    try:
+        return _FROM_NUMPY[dtype.newbyteorder("=") if dtype.byteorder != "|" else dtype]
+    except KeyError:
+        raise TypeError(f"no TensorProto dtype for numpy {dtype}") from None
+
+
+def ndarray_to_tensor_proto(array, out: tensor_pb2.TensorProto = None) -> tensor_pb2.TensorProto:
+    """Builds a TensorProto from a numpy array (or list of bytes/str).
+
+    Strings (object arrays of bytes or str, `S` or `U` arrays) become
+    `DT_STRING` with `string_val`; `str` is encoded as UTF-8.
+
+    Args:
+      array: the values.
+      out: an (empty) TensorProto to fill in place, e.g. a response's map
+        entry, which saves a copy.
+    """
+    if not isinstance(array, np.ndarray):
+        array = _as_array(array)
+    proto = tensor_pb2.TensorProto() if out is None else out
+    proto.dtype = numpy_dtype_enum(array.dtype)
+    dims = proto.tensor_shape.dim
+    for d in array.shape:
+        dims.add().size = int(d)
+    if proto.dtype == DT_STRING:
+        proto.string_val.extend(
+            v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.reshape(-1))
+    else:
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    return proto
+
+
+def _as_array(value) -> np.ndarray:
+    """np.asarray, except that bytes/str become an object array: numpy's `S`
+    dtype would drop trailing NUL bytes from binary data such as images."""
+    probe = value
+    while isinstance(probe, (list, tuple)) and probe:
+        probe = probe[0]
+    if isinstance(probe, (bytes, str)):
+        return np.array(value, dtype=object)
+    return np.asarray(value)
+
+
+def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """Reads a TensorProto into a numpy array (strings: object array of bytes).
+
+    Raises:
+      TensorParseError: unknown rank, negative sizes, or values that do not
+        match the shape (what TF's `Tensor::FromProto` rejects).
+    """
+    shape_proto = proto.tensor_shape
+    if shape_proto.unknown_rank:
+        raise TensorParseError("tensor shape has unknown rank")
+    shape = tuple(int(d.size) for d in shape_proto.dim)
+    if any(d < 0 for d in shape):
+        raise TensorParseError(f"tensor shape {list(shape)} has a negative size")
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if proto.dtype == DT_STRING:
+        values = list(proto.string_val)
+        if proto.tensor_content:
+            raise TensorParseError("string tensors cannot use tensor_content")
+        return _fill(values, n, shape, object)
+    if proto.dtype not in _DTYPES:
+        raise TensorParseError(f"unsupported dtype {dtype_name(proto.dtype)}")
+    np_type, field = _DTYPES[proto.dtype]
+    dtype = np.dtype(np_type).newbyteorder("<")
+    if proto.tensor_content:
+        content = proto.tensor_content
+        if len(content) != n * dtype.itemsize:
+            raise TensorParseError(
+                f"tensor_content has {len(content)} bytes, shape {list(shape)} of "
+                f"{short_dtype_name(proto.dtype)} needs {n * dtype.itemsize}")
+        return np.frombuffer(content, dtype=dtype).astype(np_type).reshape(shape)
+    values = getattr(proto, field)
+    if proto.dtype == types_pb2.DT_HALF:
+        raw = np.asarray(values, dtype=np.uint16).view(np.float16)
+    elif proto.dtype in (types_pb2.DT_COMPLEX64, types_pb2.DT_COMPLEX128):
+        flat = np.asarray(values, dtype=np.float64)
+        raw = (flat[0::2] + 1j * flat[1::2]).astype(np_type)
+    else:
+        raw = np.asarray(values, dtype=np_type)
+    return _fill(raw, n, shape, np_type)
+
+
+def _fill(values, n: int, shape: tuple, dtype) -> np.ndarray:
+    """TF's rule: no values -> zeros, too few -> repeat the last, too many -> error."""
+    count = len(values)
+    if count > n:
+        raise TensorParseError(f"{count} values for shape {list(shape)} ({n} elements)")
+    out = np.empty(n, dtype=dtype)
+    if dtype is object:
+        out[:count] = values if count else []
+        out[count:] = values[-1] if count else b""
+    else:
+        out[:count] = values
+        out[count:] = values[-1] if count else 0
+    return out.reshape(shape)

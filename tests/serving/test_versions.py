@@ -1,0 +1,215 @@
+"""Version watching: hot swaps under load, unloading, policies, models.config, warmup."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import grpc
+import pytest
+
+from serving.client import CaptionClient, CaptionError
+from serving.model_manager import VersionPolicy, read_model_config
+from tests.serving.conftest import BLUE, RED, remove_version
+from tests.serving.fixtures import expected_caption, publish_version, solid_image
+
+
+def test_new_version_swaps_in_under_load_without_failures(make_base, model_store, start_server):
+    base = make_base({1: "image"})
+    server = start_server(base, poll_seconds=0.1)
+    image = solid_image(RED)
+    seen, errors, stop = [], [], threading.Event()
+
+    def hammer():
+        with CaptionClient(server.grpc_address, max_attempts=1, timeout=30) as client:
+            while not stop.is_set():
+                try:
+                    (result,) = client.caption([image], attention=False)
+                    seen.append((time.monotonic(), result["version"], result["caption"]))
+                except Exception as e:  # any failure during the swap is a bug
+                    errors.append(e)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        pushed = time.monotonic()
+        publish_version(model_store["square"], base, 2)
+        deadline = pushed + 10
+        while time.monotonic() < deadline and not any(v == 2 for _, v, _ in seen):
+            time.sleep(0.02)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert not errors, errors[:3]
+    first_v2 = min(t for t, v, _ in seen if v == 2)
+    assert first_v2 - pushed < 5.0  # a few poll intervals plus load and warmup
+    assert {c for _, v, c in seen if v == 1} == {expected_caption(RED, "image")}
+    assert {c for _, v, c in seen if v == 2} == {expected_caption(RED, "square")}
+    assert sum(1 for t, _, _ in seen if t > first_v2) > 10
+    with CaptionClient(server.grpc_address) as client:
+        states = {s["version"]: s["state"] for s in client.status()}
+    assert states == {2: "AVAILABLE", 1: "END"}  # latest:1 unloads the old version
+
+
+def test_removed_version_is_unloaded(make_base, start_server):
+    base = make_base({1: "image", 2: "square"})
+    server = start_server(base, version_policy="latest:2")
+    assert server.manager.available_versions("captioner") == [1, 2]
+    with CaptionClient(server.grpc_address, version=2, max_attempts=1) as pinned:
+        assert pinned.caption([solid_image(RED)])[0]["caption"].endswith("square")
+        remove_version(base, 2)
+        assert server.manager.wait_for_version("captioner", 2, timeout=10, available=False)
+        with pytest.raises(CaptionError) as info:
+            pinned.caption([solid_image(RED)])
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+        assert pinned.status() == [{"version": 2, "state": "END", "error_code": 0,
+                                    "error_message": ""}]
+    with CaptionClient(server.grpc_address) as latest:
+        assert {s["version"]: s["state"] for s in latest.status()} == {1: "AVAILABLE", 2: "END"}
+        assert latest.caption([solid_image(RED)])[0]["version"] == 1
+
+
+def test_ignores_non_version_folders_and_loads_numbered_ones(make_base, model_store, start_server,
+                                                             tmp_path):
+    base = make_base({3: "image"})
+    os.makedirs(os.path.join(base, "7"))                       # no saved_model.pb
+    publish_version(model_store["square"], base, 8)
+    os.rename(os.path.join(base, "8"), os.path.join(base, "latest"))  # not an integer
+    publish_version(model_store["square"], base, 9)
+    os.rename(os.path.join(base, "9"), os.path.join(base, ".9"))      # hidden
+    server = start_server(base, version_policy="all")
+    assert server.manager.available_versions("captioner") == [3]
+
+
+def test_specific_policy(make_base, start_server):
+    base = make_base({1: "image", 2: "square", 3: "image"})
+    server = start_server(base, version_policy="specific:1,2")
+    assert server.manager.available_versions("captioner") == [1, 2]
+
+
+def test_broken_version_is_reported_and_the_old_one_keeps_serving(make_base, start_server):
+    base = make_base({1: "image"})
+    server = start_server(base)
+    broken = os.path.join(base, ".tmp-2")
+    os.makedirs(os.path.join(broken, "variables"))
+    with open(os.path.join(broken, "saved_model.pb"), "wb") as f:
+        f.write(b"this is not a SavedModel")
+    os.rename(broken, os.path.join(base, "2"))
+    server.manager.poll()
+    with CaptionClient(server.grpc_address) as client:
+        states = {s["version"]: s for s in client.status()}
+        assert states[2]["state"] == "END" and states[2]["error_code"] != 0
+        assert states[2]["error_message"]
+        assert states[1]["state"] == "AVAILABLE"
+        assert client.caption([solid_image(BLUE)])[0]["version"] == 1
+
+
+def test_version_written_in_place_loads_once_complete(make_base, model_store, start_server):
+    base = make_base({1: "image"})
+    server = start_server(base, poll_seconds=0.1)
+    target = os.path.join(base, "2")
+    os.makedirs(target)
+    with open(os.path.join(target, "saved_model.pb"), "wb") as f:
+        f.write(b"half-copied")  # a copy in progress: fails to load, is retried later
+    server.manager.poll()
+    assert server.manager.available_versions("captioner") == [1]
+    shutil.copytree(model_store["square"], target, dirs_exist_ok=True)
+    assert server.manager.wait_for_version("captioner", 2, timeout=10)
+    with CaptionClient(server.grpc_address) as client:
+        assert client.caption([solid_image(RED)])[0]["caption"] == expected_caption(RED, "square")
+
+
+def test_warmup_file_is_replayed_before_serving(make_base, start_server):
+    server = start_server(make_base({1: "image"}))
+    servable = server.manager.get("captioner")
+    assert servable.warmup_requests == 2
+    assert int(servable.module.calls.numpy()) == 2  # the model saw exactly the warmup images
+    with CaptionClient(server.grpc_address) as client:
+        client.caption([solid_image(RED)])
+    assert int(servable.module.calls.numpy()) == 3
+
+
+def test_model_config_file_labels_and_reload(make_base, tmp_path, start_server):
+    first = make_base({1: "image"}, name="first")
+    second = make_base({1: "image", 2: "square"}, name="second")
+    config = tmp_path / "models.config"
+    config.write_text(f"""
+model_config_list {{
+  config {{ name: "captioner" base_path: "{first}" model_platform: "tensorflow" }}
+  config {{
+    name: "other" base_path: "second" model_platform: "tensorflow"
+    model_version_policy {{ specific {{ versions: 1 versions: 2 }} }}
+    version_labels {{ key: "stable" value: 1 }}
+    version_labels {{ key: "canary" value: 2 }}
+  }}
+}}
+""")
+    sources = read_model_config(str(config))
+    assert sources[1].base_path == second  # relative to the config file
+    assert sources[1].policy == VersionPolicy("specific", versions=(1, 2))
+    server = start_server(model_config_file=str(config), poll_seconds=0.1)
+    image = solid_image(RED)
+    with CaptionClient(server.grpc_address) as client:
+        assert client.caption([image])[0]["caption"] == expected_caption(RED, "image")
+    for label, noun in (("stable", "image"), ("canary", "square")):
+        with CaptionClient(server.grpc_address, model_name="other", version=label) as client:
+            assert client.caption([image])[0]["caption"] == expected_caption(RED, noun)
+    # Dropping a model from the config unloads it on the next poll.
+    config.write_text(f'model_config_list {{ config {{ name: "captioner" base_path: "{first}" }} }}')
+    os.utime(config, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    deadline = time.monotonic() + 10
+    while "other" in server.manager.model_names and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with CaptionClient(server.grpc_address, model_name="other", max_attempts=1) as client:
+        with pytest.raises(CaptionError) as info:
+            client.caption([image])
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+    with CaptionClient(server.grpc_address) as client:
+        assert client.caption([image])[0]["version"] == 1
+
+
+def test_bad_model_config_is_rejected(tmp_path):
+    config = tmp_path / "models.config"
+    config.write_text('model_config_list { config { name: "a" } }')
+    with pytest.raises(ValueError, match="no base_path"):
+        read_model_config(str(config))
+    config.write_text("model_config_list { this is not text format")
+    with pytest.raises(ValueError):
+        read_model_config(str(config))
+
+
+def test_version_policy_parsing():
+    assert VersionPolicy.parse("latest:3").select([1, 5, 2, 9]) == {2, 5, 9}
+    assert VersionPolicy.parse("all").select([1, 2]) == {1, 2}
+    assert VersionPolicy.parse("specific:2,7").select([1, 2, 3]) == {2}
+    for bad in ("latest:0", "newest", "specific:", "specific:x"):
+        with pytest.raises(ValueError):
+            VersionPolicy.parse(bad)
+
+
+def test_health_not_serving_until_a_version_arrives(tmp_path, model_store, start_server):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    base = tmp_path / "empty"
+    base.mkdir()
+    server = start_server(str(base), poll_seconds=0.1)
+    channel = grpc.insecure_channel(server.grpc_address)
+    health = health_pb2_grpc.HealthStub(channel)
+    check = lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+    assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
+    with CaptionClient(server.grpc_address, max_attempts=1) as client:
+        with pytest.raises(CaptionError) as info:
+            client.caption([solid_image(RED)])
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+    publish_version(model_store["image"], str(base), 1)
+    assert server.manager.wait_for_version("captioner", 1, timeout=10)
+    deadline = time.monotonic() + 5
+    while check() != health_pb2.HealthCheckResponse.SERVING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert check() == health_pb2.HealthCheckResponse.SERVING
+    channel.close()

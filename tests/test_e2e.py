@@ -1,0 +1,99 @@
+"""End to end on the `tiny` config: every stage, serve, caption through the gRPC client."""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _captioner(*args, cwd=REPO):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("tiny root with spaces é"))
+    _captioner("run", "--config", "tiny", "--root", root)
+    with open(os.path.join(root, "run_summary.json")) as f:
+        return root, json.load(f)
+
+
+def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
+    root, summary = tiny_run
+    assert set(summary["stages"]) == {"ExampleGen", "EncoderTrainer", "Preprocess", "Trainer",
+                                      "Evaluator", "Pusher"}
+    assert all(st["status"] == "ran" for st in summary["stages"].values())
+    for key in ("Bleu_1", "Bleu_4", "ROUGE_L", "CIDEr", "grounding", "attribute_accuracy"):
+        assert key in summary["metrics"]
+    assert summary["blessed"] is True
+    pushed = summary["stages"]["Pusher"]["outputs"]["pushed_model"]
+    with open(os.path.join(pushed, "artifact.json")) as f:
+        props = json.load(f)["properties"]
+    assert os.path.exists(os.path.join(props["path"], "saved_model.pb"))
+    assert os.path.exists(os.path.join(props["path"], "assets.extra",
+                                       "tf_serving_warmup_requests"))
+    counts = summary["stages"]["ExampleGen"]["counts"]
+    assert counts["accepted"] + counts["rejected"] == counts["seen"]
+
+
+def test_serve_and_caption_through_the_client(tiny_run):
+    root, summary = tiny_run
+    from components.evaluator import read_images
+    from serving.client import CaptionClient
+    from serving.server import ModelServer
+    pushed = summary["stages"]["Pusher"]["outputs"]["pushed_model"]
+    with open(os.path.join(pushed, "artifact.json")) as f:
+        props = json.load(f)["properties"]
+    vocab_dir = summary["stages"]["Preprocess"]["outputs"]["vocabulary"]
+    with open(os.path.join(vocab_dir, "vocab.txt")) as f:
+        vocab = set(f.read().split())
+    examples = summary["stages"]["ExampleGen"]["outputs"]["examples"]
+    images = list(read_images(examples, "test", _test_ids(examples)).values())[:3]
+    assert images
+    server = ModelServer(model_base_path=os.path.dirname(props["path"]),
+                         model_name="captioner", port=0, rest_port=0).start()
+    try:
+        client = CaptionClient(server.grpc_address, model_name="captioner")
+        results = client.caption(images)
+        assert len(results) == len(images)
+        for r in results:
+            assert isinstance(r["caption"], str)
+            assert all(w in vocab for w in r["caption"].split())
+            assert r["attention"].ndim == 3 and r["attention"].shape[1:] == (4, 4)
+            assert r["attention"].shape[0] == r["length"] == len(r["tokens"])
+            assert np.isfinite(r["score"])
+    finally:
+        server.stop()
+
+
+def _test_ids(examples_uri):
+    import tensorflow as tf
+    from components import io_utils
+    ids = set()
+    for record in io_utils.read_records(io_utils.split_files(examples_uri, "test")):
+        ex = tf.train.Example.FromString(record)
+        ids.add(ex.features.feature["image/id"].bytes_list.value[0].decode())
+    return ids
+
+
+def test_second_run_is_fully_cached(tiny_run):
+    root, _ = tiny_run
+    proc = _captioner("run", "--config", "tiny", "--root", root)
+    with open(os.path.join(root, "run_summary.json")) as f:
+        summary = json.load(f)
+    assert {st["status"] for st in summary["stages"].values()} == {"cached"}, proc.stdout
+    assert "metrics" in summary
+    out = _captioner("inspect", "--root", root, "--json").stdout
+    states = [x["state"] for x in json.loads(out)["executions"]]
+    assert states.count("cached") == 6 and states.count("complete") == 6
