@@ -1,0 +1,254 @@
+"""Benchmark: training throughput of the soft-attention decoder against the TF tutorial's.
+
+    python benchmarks/train_step.py                       # about 3 min on 2 CPU cores
+    python benchmarks/train_step.py --steps 2 --repeats 2 # quicker
+    python benchmarks/train_step.py --jit on              # XLA for our step
+
+Both models train at the tutorial's sizes: embedding 256, hidden/units 512,
+64 x 2048 annotations, vocabulary 5000, batch 64, captions of 20 tokens
+(`<start>`, 18 words, `<end>`: 19 predicted tokens per caption), Adam.
+
+* ours: `ShowAttendTell` (soft attention, gate, attention MLP 512 wide, as
+  the tutorial's attention), one `tf.function` step on
+  `compute_loss_terms` (masked NLL + doubly stochastic penalty);
+* baseline: `benchmarks/baselines/tf_tutorial_captioner.py`, the tutorial's
+  `train_step` (a Python loop over time steps inside `tf.function` that
+  recomputes the feature projection at every step).
+
+Runs alternate (ours, baseline, matmul peak, ours, ...) so that a change of
+machine load hits all three; figures are medians over `--repeats` of the
+mean step time over `--steps` steps. The achieved FLOP rate counts matmul
+FLOPs only (forward and backward, `model_flops`) and is compared with the
+rate of a large square matmul timed in the same run, in the same precision.
+
+Prints one JSON line at the end; `ratio` is ours / baseline tokens per second
+(wall clock); `ratio_cpu_time` the same per CPU-second of the process, the
+steadier figure when other jobs share the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+SIZES = dict(batch=64, length=20, regions=64, dim=2048, embedding=256, hidden=512,
+             attention=512, vocab=5000)
+
+
+def cpu_model() -> str:
+    """The `lscpu` model name (or the platform's processor string)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU has native bfloat16 matmul instructions (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab, **_):
+    """Matmul FLOPs of one training step of our decoder (forward + backward).
+
+    A matmul of (m, k) x (k, n) costs 2mkn forward and twice that backward
+    (input and weight gradients), except where its input is data (the
+    annotations), which needs no gradient. `length` tokens give `length - 1`
+    steps.
+    """
+    b, t, l, d, e, n, a, v = batch, length - 1, regions, dim, embedding, hidden, attention, vocab
+    per_step = (2 * b * n * a      # W_h h_{t-1}
+                + 2 * b * l * a    # w . tanh(.)
+                + 2 * b * n        # f_beta(h)
+                + 2 * b * d * 4 * n + 2 * b * n * 4 * n)  # LSTM: z W_z, h U
+    per_step *= 3
+    per_step += 2 * 2 * b * l * d  # context sum_i alpha_i a_i: forward + d alpha
+    outside = 3 * (2 * b * t * e * 4 * n      # E y W_e (all steps)
+                   + 2 * b * t * n * e        # L_h h
+                   + 2 * b * t * d * e        # L_z z
+                   + 2 * b * t * e * v)       # L_o
+    outside += 2 * (2 * b * l * d * a        # W_a a (once)
+                    + 2 * 2 * b * d * n)     # h_0, c_0 MLPs
+    return t * per_step + outside
+
+
+def baseline_flops(batch, length, regions, dim, embedding, hidden, vocab, **_):
+    """Matmul FLOPs of one training step of the tutorial's model (forward + backward)."""
+    b, t, l, d, e, u, v = batch, length - 1, regions, dim, embedding, hidden, vocab
+    per_step = (2 * b * l * e * u        # W1(features), recomputed every step
+                + 2 * b * u * u          # W2(hidden)
+                + 2 * b * l * u          # V(score)
+                + 2 * b * (2 * e) * 3 * u + 2 * b * u * 3 * u   # GRU
+                + 2 * b * u * u          # fc1
+                + 2 * b * u * v)         # fc2
+    per_step = 3 * per_step + 2 * 2 * b * l * e   # + attention-weighted sum (fwd + grads)
+    return t * per_step + 2 * (2 * b * l * d * e)  # the encoder's Dense on the features
+
+
+def make_data(sizes, seed=0):
+    """Random annotations and full-length captions (no padding)."""
+    import tensorflow as tf
+    rng = np.random.default_rng(seed)
+    b, t = sizes["batch"], sizes["length"]
+    annotations = rng.normal(size=(b, sizes["regions"], sizes["dim"])).astype("float32")
+    captions = rng.integers(4, sizes["vocab"], size=(b, t)).astype("int32")
+    captions[:, 0], captions[:, -1] = 1, 2
+    return tf.constant(annotations), tf.constant(captions)
+
+
+def our_step(sizes, jit: bool):
+    """A built soft-attention `ShowAttendTell` and its `tf.function` training step."""
+    import keras
+    import tensorflow as tf
+    from models.show_attend_tell import ShowAttendTell
+    model = ShowAttendTell(vocab_size=sizes["vocab"], embedding_dim=sizes["embedding"],
+                           hidden_dim=sizes["hidden"], attention_dim=sizes["attention"],
+                           attention="soft", seed=0)
+    model.build((None, sizes["regions"], sizes["dim"]))
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function(jit_compile=jit)
+    def step(annotations, captions):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss_terms(annotations, captions, training=True)["loss"]
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step
+
+
+def baseline_step():
+    """The tutorial's encoder, decoder and `train_step`."""
+    import keras
+    from benchmarks.baselines import tf_tutorial_captioner as tutorial
+    encoder, decoder = tutorial.build()
+    step = tutorial.make_train_step(encoder, decoder, keras.optimizers.Adam(1e-3))
+    return lambda annotations, captions: step(annotations, captions)[0]
+
+
+def matmul_peak(precision: str, n: int = 2048, reps: int = 4):
+    """A function returning the GFLOP/s of `reps` chained (n, n) matmuls in `precision`."""
+    import tensorflow as tf
+    dtype = tf.bfloat16 if precision == "mixed_bfloat16" else (
+        tf.float16 if precision == "mixed_float16" else tf.float32)
+    a = tf.cast(tf.random.normal((n, n), stddev=n ** -0.5), dtype)
+    b = tf.cast(tf.random.normal((n, n)), dtype)
+
+    @tf.function
+    def chain():
+        x = b
+        for _ in range(reps):
+            x = tf.matmul(a, x)
+        return tf.reduce_sum(tf.cast(x[0, :1], tf.float32))
+
+    chain()
+
+    def measure():
+        start = time.perf_counter()
+        chain().numpy()
+        return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e9
+
+    return measure
+
+
+def time_steps(step, annotations, captions, steps: int) -> tuple[float, float]:
+    """Mean wall seconds and mean process CPU seconds per step over `steps` steps."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        loss = step(annotations, captions)
+    float(loss)
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps after tracing")
+    parser.add_argument("--jit", choices=("off", "on"), default="off",
+                        help="XLA-compile our step (off: measured faster on this CPU)")
+    parser.add_argument("--precision", default="float32",
+                        choices=("float32", "mixed_bfloat16", "mixed_float16"),
+                        help="our step's dtype policy; the baseline stays float32")
+    parser.add_argument("--batch", type=int, default=SIZES["batch"])
+    args = parser.parse_args(argv)
+
+    import keras
+    import tensorflow as tf
+    sizes = dict(SIZES, batch=args.batch)
+    annotations, captions = make_data(sizes)
+    tokens = sizes["batch"] * (sizes["length"] - 1)
+
+    keras.mixed_precision.set_global_policy(args.precision)
+    ours = our_step(sizes, jit=args.jit == "on")
+    keras.mixed_precision.set_global_policy("float32")
+    baseline = baseline_step()
+    peak = matmul_peak(args.precision)
+
+    compile_s = {}
+    for name, step in (("ours", ours), ("baseline", baseline)):
+        start = time.perf_counter()
+        float(step(annotations, captions))
+        compile_s[name] = round(time.perf_counter() - start, 1)
+        for _ in range(args.warmup):
+            float(step(annotations, captions))
+    times = {"ours": [], "baseline": [], "peak": []}
+    cpu_times = {"ours": [], "baseline": []}
+    for r in range(args.repeats):
+        for name, step in (("ours", ours), ("baseline", baseline)):
+            wall, cpu = time_steps(step, annotations, captions, args.steps)
+            times[name].append(wall)
+            cpu_times[name].append(cpu)
+        times["peak"].append(statistics.median(peak() for _ in range(3)))
+        print(f"repeat {r + 1}/{args.repeats}: ours {times['ours'][-1]:.3f} s/step, "
+              f"baseline {times['baseline'][-1]:.3f} s/step, "
+              f"matmul {times['peak'][-1]:.1f} GFLOP/s", file=sys.stderr, flush=True)
+
+    peak_gflops = statistics.median(times["peak"])
+    result = {"benchmark": "train_step", "machine": cpu_model(), "cpus": os.cpu_count(),
+              "tensorflow": tf.__version__, "precision": args.precision,
+              "bf16_native": cpu_has_bf16(), "jit_compile": args.jit == "on",
+              "sizes": sizes, "tokens_per_step": tokens, "steps": args.steps,
+              "repeats": args.repeats, "first_call_s": compile_s,
+              "peak_matmul_gflops": round(peak_gflops, 1)}
+    for name, flops in (("ours", model_flops(**sizes)), ("baseline", baseline_flops(**sizes))):
+        step_s = statistics.median(times[name])
+        gflops = flops / step_s / 1e9
+        cpu_s = statistics.median(cpu_times[name])
+        result[name] = {"step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
+                        "step_s_all": [round(x, 4) for x in times[name]],
+                        "cpu_s_per_step": round(cpu_s, 4),
+                        "tokens_per_cpu_s": round(tokens / cpu_s, 1),
+                        "gflop_per_step": round(flops / 1e9, 2),
+                        "achieved_gflops": round(gflops, 1),
+                        "fraction_of_peak": round(gflops / peak_gflops, 3)}
+    result["ratio"] = round(result["ours"]["tokens_per_s"] / result["baseline"]["tokens_per_s"], 3)
+    # Under a shared CPU, the ratio of CPU seconds is the steadier figure.
+    result["ratio_cpu_time"] = round(result["ours"]["tokens_per_cpu_s"]
+                                     / result["baseline"]["tokens_per_cpu_s"], 3)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The attention MLP shared by soft and hard attention (Xu et al. 2015, section 3.1.2)."""
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+# Added to the scores of masked regions: exp() of it underflows to exactly 0
+# in float32, and it stays finite so that no inf - inf can appear.
+_MASKED_SCORE = -1e9
+
+
+class AttentionScorer(keras.layers.Layer):
+    """Scores every region from `a_i` and `h_{t-1}`: `e_ti = w^T tanh(W_a a_i + W_h h + b)`.
+
+    The base of `SoftAttention` and `HardAttention`; it owns the weights and
+    the float32 masked softmax, the subclasses turn `alpha` into a context.
+    `W_a a_i + b` does not depend on the step, so `project()` computes it
+    once per sequence and `attention_weights()` takes the result.
+
+    Args:
+      units: width of the attention MLP.
+    """
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = int(units)
+
+    def build(self, annotations_shape, hidden_shape):
+        self.annotation_projection = keras.layers.Dense(   # W_a, b
+            self.units, use_bias=True, dtype=self.dtype_policy, name="annotation_projection")
+        self.annotation_projection.build(annotations_shape)
+        self.hidden_projection = keras.layers.Dense(       # W_h
+            self.units, use_bias=False, dtype=self.dtype_policy, name="hidden_projection")
+        self.hidden_projection.build(hidden_shape)
+        # w: applied as a multiply-and-sum; a (units -> 1) matmul and its
+        # rank-1 gradient are several times slower on CPU.
+        self.score_kernel = self.add_weight(
+            shape=(self.units,), initializer="glorot_uniform", name="score_kernel")
+        self._annotation_dim = int(annotations_shape[-1])
+        self._hidden_dim = int(hidden_shape[-1])
+        self.built = True
+
+    def get_build_config(self):
+        if not self.built:
+            return None
+        return {"annotations_shape": [None, None, self._annotation_dim],
+                "hidden_shape": [None, self._hidden_dim]}
+
+    def build_from_config(self, config):
+        if config:
+            self.build(tuple(config["annotations_shape"]), tuple(config["hidden_shape"]))
+
+    def project(self, annotations):
+        """`W_a a_i + b` for every region, computed once per sequence.
+
+        Args:
+          annotations: (batch, L, D).
+        Returns:
+          (batch, L, units) in the compute dtype.
+        """
+        return self.annotation_projection(ops.cast(annotations, self.compute_dtype))
+
+    def attention_weights(self, projected, hidden, mask=None):
+        """`alpha_t = softmax(e_t)` over the regions, in float32.
+
+        Args:
+          projected: (batch, L, units) from `project()`.
+          hidden: (batch, n) the previous LSTM state `h_{t-1}`.
+          mask: optional (batch, L) bool, True = keep; masked regions get
+            exactly 0 weight.
+        Returns:
+          `(alpha, log_alpha)`, both (batch, L) float32.
+        """
+        hidden = ops.cast(hidden, self.compute_dtype)
+        energy = ops.tanh(projected + ops.expand_dims(self.hidden_projection(hidden), 1))
+        w = ops.cast(self.score_kernel, self.compute_dtype)
+        scores = ops.cast(ops.sum(energy * w, axis=-1), "float32")          # (batch, L)
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+            scores = ops.where(mask, scores, _MASKED_SCORE)
+        log_alpha = ops.log_softmax(scores, axis=-1)
+        alpha = ops.exp(log_alpha)
+        if mask is not None:
+            alpha = ops.where(mask, alpha, 0.0)
+        return alpha, log_alpha
+
+    def weighted_context(self, weights, annotations):
+        """`sum_i weights_i a_i`: (batch, L) x (batch, L, D) -> (batch, D)."""
+        annotations = ops.cast(annotations, self.compute_dtype)
+        return ops.einsum("bl,bld->bd", ops.cast(weights, self.compute_dtype), annotations)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"units": self.units})
+        return config

@@ -1,0 +1,209 @@
+"""Greedy and beam-search caption decoding as TensorFlow graphs.
+
+Both loops are explicit `tf.while_loop`s with no Python control flow on
+tensors, so they trace under `tf.function(autograph=False)`, which is how
+`keras.export.ExportArchive` traces serving endpoints. The annotation
+projection `W_a a + b` runs once, before the loop. Outputs have a static time
+dimension `max_length` (TF Serving batches along dimension 0 only).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models.text import END_ID, PAD_ID, START_ID
+
+# Score of a beam that does not exist yet (stays finite: no inf - inf).
+_NEG = -1e9
+# `context_products="auto"` uses `model.context_products` when at most this
+# many captions (images x beams) are decoded at once: a step on a few rows
+# streams the (D, 4n) weights from memory, while the products cost L/steps
+# times more FLOPs, which only pays for such small batches.
+LATENCY_ROWS = 4
+
+
+def _choose(rows, context_products, build):
+    """`build(use_products)`, with a graph `tf.cond` on `rows` for `"auto"`."""
+    if context_products == "auto":
+        return tf.cond(rows <= LATENCY_ROWS, lambda: build(True), lambda: build(False))
+    if context_products not in (True, False):
+        raise ValueError(f"context_products must be True, False or 'auto', "
+                         f"got {context_products!r}")
+    return build(context_products)
+
+
+def _write_column(history, t, values):
+    """`history[:, t] = values` for a (batch, T, ...) history whose column t is zero."""
+    depth = tf.shape(history)[1]
+    column = tf.one_hot(t, depth, dtype=history.dtype)               # (T,)
+    column = tf.reshape(column, [1, -1] + [1] * (len(history.shape) - 2))
+    return history + column * tf.expand_dims(values, 1)
+
+
+def _forbid_reserved(log_probs):
+    """Sets `<pad>` and `<start>` (never targets in training) to -1e9: they are never emitted."""
+    vocab = tf.shape(log_probs)[-1]
+    banned = tf.reduce_sum(tf.one_hot([PAD_ID, START_ID], vocab, dtype=log_probs.dtype), 0)
+    return tf.where(banned > 0, tf.cast(_NEG, log_probs.dtype), log_probs)
+
+
+def length_penalty(lengths, alpha):
+    """GNMT length normalisation `((5 + len) / 6) ** alpha` (float32)."""
+    return tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0, alpha)
+
+
+def greedy_decode(model, annotations, max_length: int, mask=None, context_products="auto"):
+    """Greedy decoding: the most likely word at every step, until `<end>`.
+
+    `<pad>` and `<start>` are never emitted (scores use the model's own
+    normalised log-probabilities of the emitted words).
+
+    Args:
+      model: a built `ShowAttendTell`.
+      annotations: (batch, L, D) float.
+      max_length: most words to emit (`<end>` included).
+      mask: optional (batch, L) bool over regions (True = keep).
+      context_products: use `model.context_products` in the steps (True),
+        not (False), or when the batch has at most `LATENCY_ROWS` images
+        ("auto"); the results agree up to float rounding.
+    Returns:
+      dict: `tokens` int32 (batch, max_length) without `<start>`, `<end>`
+      included when emitted, then 0; `lengths` int32 (batch,) words incl.
+      `<end>`; `scores` float32 (batch,) caption log-probability; `attention`
+      float32 (batch, max_length, L), the alpha used to emit each word (0 after
+      the end).
+    """
+    annotations = tf.convert_to_tensor(annotations)
+    if mask is not None:
+        mask = tf.cast(mask, tf.bool)
+    return _choose(tf.shape(annotations)[0], context_products,
+                   lambda use: _greedy(model, annotations, max_length, mask, use))
+
+
+def _greedy(model, annotations, max_length, mask, use_products):
+    """The greedy loop; see `greedy_decode`."""
+    batch, regions = tf.shape(annotations)[0], tf.shape(annotations)[1]
+    projected = model.project_annotations(annotations)
+    products = model.context_products(annotations) if use_products else None
+    state = model.initial_state(annotations, mask)
+
+    def body(t, prev, state, finished, scores, lengths, tokens, attention):
+        log_probs, alpha, state = model.decode_step(prev, state, annotations, projected, mask,
+                                                    context_products=products)
+        log_probs = _forbid_reserved(log_probs)
+        # Chosen on the running score (the same argmax), exactly as
+        # beam_search does with one beam, so that beam 1 == greedy bit for bit.
+        total = tf.expand_dims(scores, 1) + log_probs                  # (batch, V)
+        best, word = tf.math.top_k(total, k=1)
+        word = tf.where(finished, PAD_ID, tf.cast(word[:, 0], tf.int32))
+        scores = tf.where(finished, scores, best[:, 0])
+        alpha = tf.where(tf.expand_dims(finished, 1), 0.0, alpha)
+        tokens = _write_column(tokens, t, word)
+        attention = _write_column(attention, t, alpha)
+        lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
+        finished = tf.logical_or(finished, tf.equal(word, END_ID))
+        return t + 1, word, state, finished, scores, lengths, tokens, attention
+
+    def cond(t, prev, state, finished, *_):
+        return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
+
+    loop_vars = (tf.constant(0), tf.fill([batch], START_ID), state,
+                 tf.zeros([batch], tf.bool), tf.zeros([batch], tf.float32),
+                 tf.zeros([batch], tf.int32), tf.zeros([batch, max_length], tf.int32),
+                 tf.zeros([batch, max_length, regions], tf.float32))
+    _, _, _, _, scores, lengths, tokens, attention = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_length)
+    return {"tokens": tokens, "lengths": lengths, "scores": scores, "attention": attention}
+
+
+def beam_search(model, annotations, beam_size: int, max_length: int,
+                length_normalization: float = 0.0, mask=None, context_products="auto"):
+    """Batched beam search until every beam has emitted `<end>` (or `max_length`).
+
+    A finished beam stays in the beam with its score and only extends with
+    `<pad>` at no cost. With `length_normalization = a > 0` beams are ranked,
+    and the best one chosen, by `score / ((5 + len) / 6) ** a` (Wu et al. 2016).
+
+    Args:
+      model: a built `ShowAttendTell`.
+      annotations: (batch, L, D) float.
+      beam_size: beams per image (1 gives exactly `greedy_decode`).
+      max_length: most words to emit (`<end>` included).
+      length_normalization: the exponent `a`; 0 = raw log-probabilities.
+      mask: optional (batch, L) bool over regions.
+      context_products: as in `greedy_decode`, counting images x beams.
+    Returns:
+      The best beam per image, as `greedy_decode` returns it; `scores` are
+      length-normalised when `length_normalization > 0`.
+    """
+    k = int(beam_size)
+    annotations = tf.convert_to_tensor(annotations)
+    if mask is not None:
+        mask = tf.cast(mask, tf.bool)
+    return _choose(tf.shape(annotations)[0] * k, context_products,
+                   lambda use: _beam(model, annotations, k, max_length, length_normalization,
+                                     mask, use))
+
+
+def _beam(model, annotations, k, max_length, length_normalization, mask, use_products):
+    """The beam-search loop; see `beam_search`."""
+    batch, regions = tf.shape(annotations)[0], tf.shape(annotations)[1]
+    rows = batch * k
+    if mask is not None:
+        mask = tf.repeat(mask, k, axis=0)                             # (batch*k, L)
+    projected = tf.repeat(model.project_annotations(annotations), k, axis=0)
+    products = None
+    if use_products:  # once per image, then shared by its beams
+        products = tuple(tf.repeat(p, k, axis=0) for p in model.context_products(annotations))
+    annotations = tf.repeat(annotations, k, axis=0)                   # (batch*k, L, D)
+    state = model.initial_state(annotations, mask)
+    vocab = model.vocab_size
+    offsets = tf.expand_dims(tf.range(batch) * k, 1)                  # (batch, 1)
+    pad_only = tf.one_hot(PAD_ID, vocab, on_value=0.0, off_value=_NEG)  # (V,)
+
+    def body(t, prev, state, finished, scores, lengths, tokens, attention):
+        log_probs, alpha, state = model.decode_step(prev, state, annotations, projected, mask,
+                                                    context_products=products)
+        log_probs = tf.where(tf.expand_dims(finished, 1), pad_only, _forbid_reserved(log_probs))
+        total = tf.expand_dims(scores, 1) + log_probs                  # (batch*k, V)
+        if k > 1 and length_normalization > 0:
+            new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
+            rank = total / tf.expand_dims(length_penalty(new_lengths, length_normalization), 1)
+        else:  # one beam: every candidate has the same length
+            rank = total
+        _, index = tf.math.top_k(tf.reshape(rank, [batch, k * vocab]), k=k)  # (batch, k)
+        scores = tf.gather(tf.reshape(total, [batch, k * vocab]), index, batch_dims=1)
+        parent = tf.reshape(offsets + index // vocab, [rows])          # rows of batch*k
+        word = tf.reshape(tf.cast(index % vocab, tf.int32), [rows])
+        scores = tf.reshape(scores, [rows])
+        was_finished = tf.gather(finished, parent)
+        state = tf.nest.map_structure(lambda s: tf.gather(s, parent), state)
+        alpha = tf.where(tf.expand_dims(was_finished, 1), 0.0, tf.gather(alpha, parent))
+        tokens = _write_column(tf.gather(tokens, parent), t, word)
+        attention = _write_column(tf.gather(attention, parent), t, alpha)
+        lengths = tf.gather(lengths, parent) + tf.cast(tf.logical_not(was_finished), tf.int32)
+        finished = tf.logical_or(was_finished, tf.equal(word, END_ID))
+        return t + 1, word, state, finished, scores, lengths, tokens, attention
+
+    def cond(t, prev, state, finished, *_):
+        return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
+
+    first = tf.tile(tf.one_hot(0, k, on_value=0.0, off_value=_NEG), [batch])  # only beam 0 alive
+    loop_vars = (tf.constant(0), tf.fill([rows], START_ID), state,
+                 tf.zeros([rows], tf.bool), first, tf.zeros([rows], tf.int32),
+                 tf.zeros([rows, max_length], tf.int32),
+                 tf.zeros([rows, max_length, regions], tf.float32))
+    _, _, _, _, scores, lengths, tokens, attention = tf.while_loop(
+        cond, body, loop_vars, maximum_iterations=max_length)
+    if length_normalization > 0:
+        scores = scores / length_penalty(lengths, length_normalization)
+    best = tf.argmax(tf.reshape(scores, [batch, k]), axis=1, output_type=tf.int32)
+    pick = tf.range(batch) * k + best                                 # (batch,)
+    return {"tokens": tf.gather(tokens, pick), "lengths": tf.gather(lengths, pick),
+            "scores": tf.gather(scores, pick), "attention": tf.gather(attention, pick)}
+
+
+def attention_to_grid(attention, grid_h: int, grid_w: int):
+    """(batch, T, L) attention -> (batch, T, grid_h, grid_w); cell `i = y * W + x`."""
+    attention = tf.convert_to_tensor(attention)
+    shape = tf.shape(attention)
+    return tf.reshape(attention, tf.stack([shape[0], shape[1], grid_h, grid_w]))

@@ -1,0 +1,604 @@
+"""The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4)."""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from models import losses
+from models.hard_attention import INFERENCE_MODES, HardAttention
+from models.soft_attention import SoftAttention
+
+ATTENTIONS = ("soft", "hard")
+# Scalar entries of `compute_loss_terms()`, logged by `train_step`/`test_step`.
+SCALAR_TERMS = ("loss", "nll", "attention_penalty", "attention_entropy", "num_tokens",
+                "reward", "baseline", "reinforce_term", "used_expected_alpha")
+
+
+def _matmul_without_weight_grad(x, w, w_t):
+    """`x @ w` whose gradient reaches `x` only, as `dy @ w_t` with `w_t = w^T` precomputed.
+
+    Inside the time loop: the weight's gradient is added once for all steps
+    by `_hoisted_weight_grads`, and the untransposed `w_t` makes the
+    per-step input gradient a plain (faster) matmul.
+    """
+    @tf.custom_gradient
+    def matmul(x):
+        def grad(dy):
+            return tf.matmul(dy, w_t)
+        return tf.matmul(x, w), grad
+    return matmul(x)
+
+
+def _hoisted_weight_grads(x_time, weights, inputs):
+    """Identity on the gate inputs `x_time` (T, batch, 4n) that also carries the
+    gradients of the recurrent weights.
+
+    The gates are `G_t = x_t + sum_k in_k,t W_k`, so the gradient reaching
+    `x_t` is `dG_t` and `dW_k = sum_t in_k,t^T dG_t`: one (T*batch)-row matmul
+    per weight after the loop instead of a 64-row matmul and an accumulation
+    per step inside it. `inputs` is a dict filled with the (T, batch, in_k)
+    step inputs after the loop is built; the gradient runs later, when they
+    exist.
+
+    Args:
+      x_time: (T, batch, 4n).
+      weights: list of (in_k, 4n) weight tensors used with
+        `_matmul_without_weight_grad` in the loop.
+      inputs: dict index k -> (T, batch, in_k) tensor, filled after the loop.
+    """
+    @tf.custom_gradient
+    def inject(x, *ws):
+        def grad(dx):
+            flat = tf.reshape(dx, [-1, tf.shape(dx)[-1]])                  # (T*batch, 4n)
+            grads = []
+            for k, w in enumerate(ws):
+                rows = tf.reshape(inputs[k], [-1, tf.shape(w)[0]])       # (T*batch, in_k)
+                grads.append(tf.matmul(rows, flat, transpose_a=True))
+            return (dx, *grads)
+        return tf.identity(x), grad
+    return inject(x_time, *weights)
+
+
+@keras.saving.register_keras_serializable(package="captioner")
+class ShowAttendTell(keras.Model):
+    """LSTM decoder with soft or hard attention over an annotation grid.
+
+    At step t (section 3.1.2) the attention MLP scores the `L` regions from
+    `h_{t-1}`, the context `z_t` is the expected annotation (soft, gated by
+    `beta_t = sigmoid(f_beta(h_{t-1}))`, section 4.2.1) or a sampled one
+    (hard, section 4.1), the LSTM reads `[E y_{t-1}; z_t]`, and the deep
+    output layer gives `p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))`
+    (equation 7), with dropout before `L_o`. `h_0, c_0` come from tanh MLPs
+    on the mean annotation (section 3.1.2).
+
+    Teacher forcing is one graph: the attention projection `W_a a + b`, the
+    word embeddings and their LSTM input transform, and the deep output with
+    the vocabulary projection of all steps are batched matmuls outside the
+    time loop; only the recurrence runs in a `tf.while_loop`. Softmaxes,
+    logits and losses are float32 under mixed precision; the LSTM cell state
+    is float32 too.
+
+    The constructor takes the fields of `pipeline.config.ModelConfig` as
+    keyword arguments, so `ShowAttendTell(vocab_size, **dataclasses.asdict(cfg))`
+    works.
+
+    Args:
+      vocab_size: number of tokens, reserved ones included (`models.text`).
+      embedding_dim: `m`, word embedding and deep-output width.
+      hidden_dim: `n`, LSTM width.
+      attention_dim: width of the attention MLP.
+      attention: `"soft"` or `"hard"`.
+      dropout: rate on the deep-output vector.
+      use_gate: soft attention only: multiply the context by `beta_t`.
+      doubly_stochastic_lambda: weight of `sum_i (1 - sum_t alpha_ti)^2`.
+      entropy_lambda: hard only: `lambda_e`, weight of the entropy bonus.
+      reinforce_lambda: hard only: `lambda_r`, weight of the REINFORCE term.
+      expected_alpha_prob: hard only: probability per minibatch of training
+        with the expected context instead of a sample.
+      baseline_decay: hard only: decay of the moving-average reward baseline.
+      hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
+      seed: optional int; seeds the sampler, the dropout and the coin flips.
+      annotation_gradients: back-propagate into the annotations (to fine-tune
+        an encoder end to end). Off by default: the annotations are fixed CNN
+        features, as in the paper, and their gradient inside the time loop
+        (a (batch, L, D) accumulation per step) would be wasted work.
+
+    Call args:
+      inputs: dict with `"annotations"` (batch, L, D) float, `"tokens"`
+        (batch, T) int input tokens starting with `<start>`, optional
+        `"mask"` (batch, L) bool (True = keep).
+      training: dropout, and hard attention samples its locations.
+
+    Returns:
+      dict with `"logits"` (batch, T, V) float32, `"alpha"` (batch, T, L)
+      float32 and `"beta"` (batch, T) float32 (ones without a gate).
+    """
+
+    # Compute the recurrent weights' gradients after the time loop (see
+    # `_hoisted_weight_grads`); False gives plain autodiff (tests compare them).
+    _hoist_weight_grads = True
+
+    def __init__(self, vocab_size: int, embedding_dim: int = 128, hidden_dim: int = 256,
+                 attention_dim: int = 128, attention: str = "soft", dropout: float = 0.3,
+                 use_gate: bool = True, doubly_stochastic_lambda: float = 1.0,
+                 entropy_lambda: float = 0.01, reinforce_lambda: float = 1.0,
+                 expected_alpha_prob: float = 0.5, baseline_decay: float = 0.9,
+                 hard_inference: str = "expected", seed: int | None = None,
+                 annotation_gradients: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
+        if hard_inference not in INFERENCE_MODES:
+            raise ValueError(f"hard_inference must be one of {INFERENCE_MODES}, "
+                             f"got {hard_inference!r}")
+        self.vocab_size = int(vocab_size)
+        self.embedding_dim = int(embedding_dim)
+        self.hidden_dim = int(hidden_dim)
+        self.attention_dim = int(attention_dim)
+        self.attention = attention
+        self.dropout = float(dropout)
+        self.use_gate = bool(use_gate)
+        self.doubly_stochastic_lambda = float(doubly_stochastic_lambda)
+        self.entropy_lambda = float(entropy_lambda)
+        self.reinforce_lambda = float(reinforce_lambda)
+        self.expected_alpha_prob = float(expected_alpha_prob)
+        self.baseline_decay = float(baseline_decay)
+        self.hard_inference = hard_inference
+        self.seed = seed
+        self.annotation_gradients = bool(annotation_gradients)
+        self._hard = attention == "hard"
+        self._gated = self.use_gate and not self._hard
+        self._annotation_dim = None
+
+    # ------------------------------------------------------------------ build
+
+    def build(self, input_shape):
+        """Creates every sublayer; only the annotation size `D` matters.
+
+        Args:
+          input_shape: the inputs' shapes (a dict with `"annotations"`) or
+            the annotation shape `(batch, L, D)` itself.
+        """
+        shape = input_shape["annotations"] if isinstance(input_shape, dict) else input_shape
+        dim = int(shape[-1])
+        e, n, v = self.embedding_dim, self.hidden_dim, self.vocab_size
+        policy = self.dtype_policy
+        seed = self.seed
+
+        def dense(units, name, **kw):
+            return keras.layers.Dense(units, dtype=policy, name=name, **kw)
+
+        self.embedding = keras.layers.Embedding(v, e, dtype=policy, name="embedding")
+        self.embedding.build((None, None))
+        self.init_h = dense(n, "init_h", activation="tanh")
+        self.init_h.build((None, dim))
+        self.init_c = dense(n, "init_c", activation="tanh")
+        self.init_c.build((None, dim))
+        if self._hard:
+            self.attention_layer = HardAttention(
+                self.attention_dim, inference=self.hard_inference, seed=seed,
+                dtype=policy, name="attention")
+        else:
+            self.attention_layer = SoftAttention(self.attention_dim, dtype=policy, name="attention")
+        self.attention_layer.build((None, None, dim), (None, n))
+        if self._gated:
+            self.gate = dense(1, "gate", activation="sigmoid")   # f_beta
+            self.gate.build((None, n))
+        # The LSTM affine map of [E y_{t-1}; z_t; h_{t-1}] (equation 1), split
+        # so that the E y part (with the bias) runs for all steps at once.
+        self.lstm_input = dense(4 * n, "lstm_input")
+        self.lstm_input.build((None, None, e))
+        self.lstm_context = dense(4 * n, "lstm_context", use_bias=False)
+        self.lstm_context.build((None, dim))
+        self.lstm_recurrent = dense(4 * n, "lstm_recurrent", use_bias=False,
+                                    kernel_initializer="orthogonal")
+        self.lstm_recurrent.build((None, n))
+        bias = ops.convert_to_numpy(self.lstm_input.bias)
+        bias[n:2 * n] = 1.0   # forget gate (gate order i, f, g, o)
+        self.lstm_input.bias.assign(bias)
+        self.output_hidden = dense(e, "output_hidden", use_bias=False)    # L_h
+        self.output_hidden.build((None, None, n))
+        self.output_context = dense(e, "output_context", use_bias=False)  # L_z
+        self.output_context.build((None, None, dim))
+        self.output_dropout = keras.layers.Dropout(
+            self.dropout, seed=None if seed is None else seed + 1, dtype=policy,
+            name="output_dropout")
+        self.output_logits = dense(v, "output_logits")                     # L_o
+        self.output_logits.build((None, None, e))
+        if self._hard:
+            self.expected_alpha_seed = keras.random.SeedGenerator(
+                None if seed is None else seed + 2, name="expected_alpha_seed")
+            # aggregation="mean": assigning from a tf.distribute replica context
+            # all-reduces the replicas' values, so every replica keeps the same b.
+            self.reinforce_baseline = self.add_weight(
+                shape=(), initializer="zeros", dtype="float32", trainable=False,
+                autocast=False, aggregation="mean", name="reinforce_baseline")
+            self.baseline_updates = self.add_weight(
+                shape=(), initializer="zeros", dtype="float32", trainable=False,
+                autocast=False, aggregation="mean", name="baseline_updates")
+        self._annotation_dim = dim
+        self.built = True
+
+    def get_build_config(self):
+        if self._annotation_dim is None:
+            return None
+        return {"annotation_dim": self._annotation_dim}
+
+    def build_from_config(self, config):
+        if config:
+            self.build((None, None, config["annotation_dim"]))
+
+    # ------------------------------------------------------- building blocks
+
+    def project_annotations(self, annotations):
+        """`W_a a_i + b`: (batch, L, D) -> (batch, L, attention_dim), once per sequence."""
+        return self.attention_layer.project(ops.cast(annotations, self.compute_dtype))
+
+    def initial_state(self, annotations, mask=None):
+        """`(h_0, c_0)` from tanh MLPs on the mean annotation (section 3.1.2).
+
+        Args:
+          annotations: (batch, L, D).
+          mask: optional (batch, L) bool; the mean runs over kept regions.
+        Returns:
+          `(h, c)`: (batch, n) in the compute dtype and (batch, n) float32.
+        """
+        a = ops.cast(annotations, "float32")
+        if mask is None:
+            mean = ops.mean(a, axis=1)
+        else:
+            keep = ops.expand_dims(ops.cast(mask, "float32"), -1)  # (batch, L, 1)
+            mean = ops.sum(a * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
+        mean = ops.cast(mean, self.compute_dtype)
+        return self.init_h(mean), ops.cast(self.init_c(mean), "float32")
+
+    def _attend(self, h, projected, mask, training=False, use_expected=None, noise=None):
+        """Attention of one step: `(weights, alpha, beta, sample_log_prob)`.
+
+        `weights` (batch, L) make the context (alpha, or the sampled/argmax
+        one-hot for hard attention); `beta` (batch, 1) is the gate or None.
+        """
+        alpha, log_alpha = self.attention_layer.attention_weights(projected, h, mask)
+        if self._hard:
+            weights, _, sample_log_prob = self.attention_layer.select(
+                alpha, log_alpha, training=training, use_expected=use_expected, noise=noise)
+        else:
+            weights, sample_log_prob = alpha, None
+        beta = self.gate(h) if self._gated else None                  # (batch, 1)
+        return weights, alpha, beta, sample_log_prob
+
+    def _cell(self, gates, c):
+        """LSTM update from the gate pre-activations (gate order i, f, g, o), in float32."""
+        i, f, g, o = ops.split(ops.cast(gates, "float32"), 4, axis=-1)
+        c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
+        return ops.cast(ops.sigmoid(o) * ops.tanh(c), self.compute_dtype), c
+
+    def _step(self, x_t, h, c, annotations, projected, mask, training, use_expected, noise,
+              recurrent=None):
+        """One recurrence step from `h_{t-1}, c_{t-1}`; `x_t` is the E y_{t-1} gate part.
+
+        `recurrent`: inside the training loop, `(W_z, W_z^T, U, U^T)` for
+        `_matmul_without_weight_grad`; None uses the Dense layers.
+        """
+        weights, alpha, beta, sample_log_prob = self._attend(
+            h, projected, mask, training, use_expected, noise)
+        z = self.attention_layer.weighted_context(weights, annotations)   # (batch, D)
+        if beta is not None:
+            z = beta * z
+        if recurrent is None:
+            gates = x_t + self.lstm_context(z) + self.lstm_recurrent(h)
+        else:
+            w_z, w_z_t, u, u_t = recurrent
+            gates = (x_t + _matmul_without_weight_grad(z, w_z, w_z_t)
+                     + _matmul_without_weight_grad(h, u, u_t))
+        h, c = self._cell(gates, c)
+        return h, c, z, alpha, beta, sample_log_prob
+
+    def _logits(self, embedded, h, z, training=False):
+        """Deep output `L_o(E y_{t-1} + L_h h_t + L_z z_t)` (equation 7), float32."""
+        deep = embedded + self.output_hidden(h) + self.output_context(z)
+        deep = self.output_dropout(deep, training=training)
+        return ops.cast(self.output_logits(deep), "float32")
+
+    def _recurrence(self, x_gates, state, annotations, projected, mask, training,
+                    use_expected, noise):
+        """Runs `_step` over time in one `tf.while_loop`; inputs/outputs are batch-major."""
+        x_time = tf.transpose(x_gates, [1, 0, 2])                      # (T, batch, 4n)
+        steps = tf.shape(x_time)[0]
+        step_inputs = {}
+        recurrent = None
+        if self._hoist_weight_grads:
+            # W_z and U enter the loop without their gradient, which is added
+            # after the loop from the stacked step inputs (_hoisted_weight_grads).
+            w_z = tf.cast(self.lstm_context.kernel, self.compute_dtype)
+            u = tf.cast(self.lstm_recurrent.kernel, self.compute_dtype)
+            recurrent = (tf.stop_gradient(w_z), tf.stop_gradient(tf.transpose(w_z)),
+                         tf.stop_gradient(u), tf.stop_gradient(tf.transpose(u)))
+            x_time = _hoisted_weight_grads(x_time, [w_z, u], step_inputs)
+        xs = tf.TensorArray(x_time.dtype, size=steps, element_shape=x_time.shape[1:])
+        xs = xs.unstack(x_time)
+        noises = None
+        if noise is not None:                                           # (T, batch, L)
+            noises = tf.TensorArray(noise.dtype, size=steps, element_shape=noise.shape[1:])
+            noises = noises.unstack(noise)
+
+        def array(dtype):
+            return tf.TensorArray(dtype, size=steps)
+
+        outputs = {"h": array(self.compute_dtype), "z": array(self.compute_dtype),
+                   "alpha": array("float32")}
+        if self._gated:
+            outputs["beta"] = array(self.compute_dtype)
+        if self._hard:
+            outputs["sample_log_prob"] = array("float32")
+
+        def body(t, h, c, outputs):
+            noise_t = None if noises is None else noises.read(t)
+            h, c, z, alpha, beta, sample_log_prob = self._step(
+                xs.read(t), h, c, annotations, projected, mask, training, use_expected, noise_t,
+                recurrent)
+            values = {"h": h, "z": z, "alpha": alpha, "beta": beta,
+                      "sample_log_prob": sample_log_prob}
+            outputs = {k: ta.write(t, values[k]) for k, ta in outputs.items()}
+            return t + 1, h, c, outputs
+
+        h0, c0 = state
+        _, _, _, outputs = tf.while_loop(
+            lambda t, *_: t < steps, body, (tf.constant(0), h0, c0, outputs),
+            maximum_iterations=steps)
+        stacked = {key: ta.stack() for key, ta in outputs.items()}      # (T, batch, ...)
+        step_inputs[0] = stacked["z"]                                   # inputs of W_z
+        step_inputs[1] = tf.concat([h0[None], stacked["h"][:-1]], 0)    # inputs of U: h_{t-1}
+        result = {}
+        for key, value in stacked.items():
+            perm = [1, 0] + list(range(2, len(value.shape)))
+            result[key] = tf.transpose(value, perm)
+        return result
+
+    def _forward(self, annotations, tokens, mask=None, training=False, use_expected=None):
+        """Teacher-forced pass; returns logits, alpha, beta (and sample log-probs when hard)."""
+        annotations = ops.cast(annotations, self.compute_dtype)        # (batch, L, D)
+        if not self.annotation_gradients:
+            annotations = ops.stop_gradient(annotations)
+        tokens = ops.cast(tokens, "int32")                              # (batch, T)
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+        projected = self.project_annotations(annotations)               # (batch, L, A)
+        state = self.initial_state(annotations, mask)
+        embedded = self.embedding(tokens)                               # (batch, T, m)
+        x_gates = self.lstm_input(embedded)                             # (batch, T, 4n)
+        noise = None
+        if self._hard and training:
+            shape = tf.shape(annotations)
+            noise = self.attention_layer.sample_noise(
+                tf.stack([tf.shape(tokens)[1], shape[0], shape[1]]))    # (T, batch, L)
+        rec = self._recurrence(x_gates, state, annotations, projected, mask, training,
+                               use_expected, noise)
+        logits = self._logits(embedded, rec["h"], rec["z"], training=training)
+        if self._gated:
+            beta = ops.cast(ops.squeeze(rec["beta"], -1), "float32")
+        else:
+            beta = ops.ones_like(rec["alpha"][..., 0])
+        out = {"logits": logits, "alpha": rec["alpha"], "beta": beta}
+        if self._hard:
+            out["sample_log_prob"] = rec["sample_log_prob"]             # (batch, T)
+        return out
+
+    # ------------------------------------------------------------- public API
+
+    def call(self, inputs, training=None):
+        out = self._forward(inputs["annotations"], inputs["tokens"], inputs.get("mask"),
+                            training=bool(training))
+        return {"logits": out["logits"], "alpha": out["alpha"], "beta": out["beta"]}
+
+    def context_products(self, annotations):
+        """`(a W_z, a L_z)`: every region through the LSTM and deep-output context weights.
+
+        Both maps are linear, so `z_t W_z = beta_t sum_i w_ti (a_i W_z)`: with
+        these, a decoding step reads (batch, L, 4n + m) products instead of
+        the (D, 4n + m) weights. That wins when few captions are decoded at
+        once (single-image latency), where each step would stream the
+        weights from memory for a handful of rows; it costs `L / steps`
+        times more FLOPs, so large batches do without (see `models.decoding`).
+
+        Args:
+          annotations: (batch, L, D).
+        Returns:
+          (batch, L, 4n) and (batch, L, m) in the compute dtype.
+        """
+        a = ops.cast(annotations, self.compute_dtype)
+        return self.lstm_context(a), self.output_context(a)
+
+    def decode_step(self, prev_tokens, state, annotations, projected, mask=None,
+                    context_products=None):
+        """One decoding step (inference: no dropout, hard attention per `hard_inference`).
+
+        Args:
+          prev_tokens: (batch,) int previous words (`<start>` first).
+          state: `(h, c)` from `initial_state` or the previous step.
+          annotations: (batch, L, D).
+          projected: (batch, L, attention_dim) from `project_annotations`.
+          mask: optional (batch, L) bool.
+          context_products: optional `context_products(annotations)`, computed
+            once per caption; the same result up to float rounding.
+        Returns:
+          `(log_probs, alpha, new_state)`: (batch, V) float32 log-softmax,
+          (batch, L) float32 attention of this step, and `(h, c)`.
+        """
+        if mask is not None:
+            mask = ops.cast(mask, "bool")
+        h, c = state
+        embedded = self.embedding(ops.cast(prev_tokens, "int32"))      # (batch, m)
+        weights, alpha, beta, _ = self._attend(h, projected, mask)
+        if context_products is None:
+            z = self.attention_layer.weighted_context(weights, annotations)  # (batch, D)
+            if beta is not None:
+                z = beta * z
+            z_gates, z_out = self.lstm_context(z), self.output_context(z)
+        else:
+            weights = ops.cast(weights, self.compute_dtype)
+            z_gates = ops.einsum("bl,blg->bg", weights, context_products[0])  # (batch, 4n)
+            z_out = ops.einsum("bl,blm->bm", weights, context_products[1])    # (batch, m)
+            if beta is not None:
+                z_gates, z_out = beta * z_gates, beta * z_out
+        h, c = self._cell(self.lstm_input(embedded) + z_gates + self.lstm_recurrent(h), c)
+        deep = embedded + self.output_hidden(h) + z_out
+        log_probs = ops.log_softmax(ops.cast(self.output_logits(deep), "float32"), axis=-1)
+        return log_probs, alpha, (h, c)
+
+    def update_baseline(self, mean_reward, skip=None):
+        """Moves the REINFORCE baseline: `b <- decay * b + (1 - decay) * mean_reward`.
+
+        The first update sets `b` to `mean_reward`, so that early gradients
+        are not scaled by the whole log-likelihood. Called by
+        `compute_loss_terms(training=True)`; call it yourself only with
+        `update_baseline=False` there. Safe in a `tf.distribute` replica
+        context: the variables are mean-aggregated, so all replicas end with
+        the mean of their updates.
+
+        Args:
+          mean_reward: scalar mean of `log p(y | s, a)` over the minibatch.
+          skip: optional scalar bool; when true nothing changes (minibatches
+            trained with the expected alpha do not estimate the sampled reward).
+        """
+        mean_reward = ops.cast(mean_reward, "float32")
+        b, count = self.reinforce_baseline, self.baseline_updates
+        decay = self.baseline_decay
+        new_b = ops.where(count > 0, decay * b + (1.0 - decay) * mean_reward, mean_reward)
+        new_count = count + 1.0
+        if skip is not None:
+            new_b = ops.where(skip, b, new_b)
+            new_count = ops.where(skip, count, new_count)
+        b.assign(new_b)
+        count.assign(new_count)
+
+    def compute_loss_terms(self, annotations, tokens, mask=None, training=True,
+                           global_batch_size=None, update_baseline=True):
+        """Every loss term of one minibatch; `loss` is the scalar to minimize.
+
+        `loss = nll + attention_penalty` (soft) and, for hard attention,
+        `+ reinforce_term - entropy_lambda * attention_entropy` (section 4.1,
+        equation 12): the REINFORCE term's gradient is `-lambda_r (log p(y|s,a)
+        - b) d log p(s|a)` and the NLL's gradient through the sampled context is
+        the first term of equation 12. With probability `expected_alpha_prob`
+        per minibatch the expected alpha replaces the sample; then the NLL is
+        back-propagated through alpha and the REINFORCE term is 0.
+
+        Normalisation: token terms (`nll`, `attention_entropy`,
+        `reinforce_term`) are sums over real target tokens divided by the
+        number of real tokens in this batch; `attention_penalty` is the batch
+        mean. Under `tf.distribute` pass `global_batch_size`: `loss` is then
+        multiplied by `local_batch / global_batch_size`, so summing the
+        replicas' gradients (what the optimizer's all-reduce does) gives the
+        gradient of the global mean (exact for the batch-mean terms, a batch-
+        weighted mean of the replicas' token means otherwise). For an exact
+        global token mean, all-reduce `num_tokens` and use the per-example
+        sums (`example_nll`, ...) yourself.
+
+        The REINFORCE baseline is updated here, when `training` and
+        `update_baseline` are true, after its old value has been used.
+
+        Args:
+          annotations: (batch, L, D).
+          tokens: (batch, T + 1) int whole captions `<start> w.. <end> <pad>..`;
+            inputs are `tokens[:, :-1]`, targets `tokens[:, 1:]`, PAD masked.
+          mask: optional (batch, L) bool over regions.
+          training: dropout, sampling, coin flip and baseline update.
+          global_batch_size: see above; None = per-replica mean.
+          update_baseline: hard attention: update the moving-average baseline.
+        Returns:
+          dict of float32 tensors: scalars `loss`, `nll`, `attention_penalty`,
+          `attention_entropy` (mean per real step, nats), `num_tokens`; for
+          hard attention also `reward` (mean `log p(y|s,a)` per caption),
+          `baseline` (the value used), `reinforce_term`, `used_expected_alpha`
+          (1.0 or 0.0); per example (batch,): `example_nll` (sum over
+          tokens), `example_tokens`, `example_penalty`; and the forward
+          outputs `logits`, `alpha`.
+        """
+        tokens = ops.cast(tokens, "int32")
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        used_expected = None
+        if self._hard and training:
+            used_expected = keras.random.uniform(
+                (), seed=self.expected_alpha_seed) < self.expected_alpha_prob
+        out = self._forward(annotations, inputs, mask, training=training,
+                            use_expected=used_expected)
+        steps = losses.step_mask(targets)                               # (batch, T)
+        example_tokens = ops.sum(steps, axis=1)
+        num_tokens = ops.sum(example_tokens)
+        denominator = ops.maximum(num_tokens, 1.0)
+        example_nll = ops.sum(losses.masked_nll(out["logits"], targets), axis=1)
+        nll = ops.sum(example_nll) / denominator
+        example_penalty = losses.doubly_stochastic_penalty(
+            out["alpha"], steps, self.doubly_stochastic_lambda)
+        attention_penalty = ops.mean(example_penalty)
+        example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
+        attention_entropy = ops.sum(example_entropy) / denominator
+        loss = nll + attention_penalty
+        terms = {"nll": nll, "attention_penalty": attention_penalty,
+                 "attention_entropy": attention_entropy, "num_tokens": num_tokens,
+                 "example_nll": example_nll, "example_tokens": example_tokens,
+                 "example_penalty": example_penalty,
+                 "logits": out["logits"], "alpha": out["alpha"]}
+        if self._hard:
+            reward = -example_nll                                       # log p(y|s,a), (batch,)
+            mean_reward = ops.mean(reward)
+            baseline = ops.where(self.baseline_updates > 0,
+                                 ops.convert_to_tensor(self.reinforce_baseline), mean_reward)
+            if training:
+                used = ops.cast(used_expected, "float32")
+                sample_log_prob = ops.sum(out["sample_log_prob"] * steps, axis=1)
+                surrogate = losses.reinforce_surrogate(
+                    reward, baseline, sample_log_prob, self.reinforce_lambda)
+                reinforce_term = (1.0 - used) * ops.sum(surrogate) / denominator
+            else:
+                used = ops.convert_to_tensor(
+                    1.0 if self.hard_inference == "expected" else 0.0, "float32")
+                reinforce_term = ops.zeros((), "float32")
+            loss = loss + reinforce_term - self.entropy_lambda * attention_entropy
+            terms.update({"reward": mean_reward, "baseline": baseline,
+                          "reinforce_term": reinforce_term, "used_expected_alpha": used})
+            if training and update_baseline:
+                self.update_baseline(mean_reward, skip=used_expected)
+        if global_batch_size is not None:
+            local = ops.cast(ops.shape(tokens)[0], "float32")
+            loss = loss * local / ops.cast(global_batch_size, "float32")
+        terms["loss"] = loss
+        return terms
+
+    # ------------------------------------------------------------ model.fit
+
+    def train_step(self, data):
+        """`model.fit` step on `{"annotations", "tokens"(, "mask")}` (whole captions)."""
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        with tf.GradientTape() as tape:
+            terms = self.compute_loss_terms(x["annotations"], x["tokens"], mask=x.get("mask"),
+                                            training=True)
+            loss = self.optimizer.scale_loss(terms["loss"] / replicas)
+        variables = self.trainable_variables
+        grads = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(grads, variables))
+        return {k: terms[k] for k in SCALAR_TERMS if k in terms}
+
+    def test_step(self, data):
+        """`model.evaluate` step: the same terms without sampling or updates."""
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        terms = self.compute_loss_terms(x["annotations"], x["tokens"], mask=x.get("mask"),
+                                        training=False)
+        return {k: terms[k] for k in SCALAR_TERMS if k in terms}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
+            "hidden_dim": self.hidden_dim, "attention_dim": self.attention_dim,
+            "attention": self.attention, "dropout": self.dropout, "use_gate": self.use_gate,
+            "doubly_stochastic_lambda": self.doubly_stochastic_lambda,
+            "entropy_lambda": self.entropy_lambda, "reinforce_lambda": self.reinforce_lambda,
+            "expected_alpha_prob": self.expected_alpha_prob,
+            "baseline_decay": self.baseline_decay, "hard_inference": self.hard_inference,
+            "seed": self.seed, "annotation_gradients": self.annotation_gradients,
+        })
+        return config

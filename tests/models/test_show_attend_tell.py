@@ -1,0 +1,313 @@
+"""ShowAttendTell: the layer contract (STYLE.md), teacher forcing vs decode_step, losses, overfitting."""
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.decoding import greedy_decode
+from models.show_attend_tell import ShowAttendTell
+from pipeline.config import ModelConfig
+from tests.models.tiny import (CAPTIONS, DIM, EMBED, HIDDEN, REGIONS, UNITS, VOCAB, annotations,
+                               make_model, policy)
+
+
+def _inputs(seed=0):
+    return {"annotations": annotations(seed), "tokens": CAPTIONS[:, :-1]}
+
+
+def test_takes_the_model_config_fields_and_round_trips_its_config():
+    fields = dataclasses.asdict(ModelConfig(attention="hard", hard_inference="argmax"))
+    model = ShowAttendTell(vocab_size=VOCAB, seed=5, **fields)
+    config = model.get_config()
+    for key, value in fields.items():
+        assert config[key] == value
+    assert config["vocab_size"] == VOCAB and config["seed"] == 5
+    assert ShowAttendTell.from_config(config).get_config() == config
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
+    assert isinstance(revived, ShowAttendTell) and revived.get_config() == config
+    with pytest.raises(ValueError, match="attention"):
+        ShowAttendTell(vocab_size=VOCAB, attention="sparse")
+
+
+@pytest.mark.parametrize("attention,use_gate", [("soft", True), ("soft", False), ("hard", True)])
+def test_exact_weight_counts(attention, use_gate):
+    model = make_model(attention, use_gate=use_gate)
+    v, e, n, a, d = VOCAB, EMBED, HIDDEN, UNITS, DIM
+    want = {
+        "embedding/embeddings": (v, e),
+        "init_h/kernel": (d, n), "init_h/bias": (n,),
+        "init_c/kernel": (d, n), "init_c/bias": (n,),
+        "attention/annotation_projection/kernel": (d, a),
+        "attention/annotation_projection/bias": (a,),
+        "attention/hidden_projection/kernel": (n, a), "attention/score_kernel": (a,),
+        "lstm_input/kernel": (e, 4 * n), "lstm_input/bias": (4 * n,),
+        "lstm_context/kernel": (d, 4 * n), "lstm_recurrent/kernel": (n, 4 * n),
+        "output_hidden/kernel": (n, e), "output_context/kernel": (d, e),
+        "output_logits/kernel": (e, v), "output_logits/bias": (v,),
+    }
+    if attention == "soft" and use_gate:
+        want.update({"gate/kernel": (n, 1), "gate/bias": (1,)})
+    got = {w.path.split("/", 1)[1]: tuple(w.shape) for w in model.trainable_weights}
+    assert got == want
+    assert model.count_params() == sum(np.prod(s) for s in want.values()) + (
+        2 if attention == "hard" else 0)
+    non_trainable = sorted(w.path.split("/", 1)[1] for w in model.non_trainable_weights)
+    assert non_trainable == (["baseline_updates", "reinforce_baseline"]
+                             if attention == "hard" else [])
+
+
+def test_forget_gate_bias_starts_at_one():
+    bias = make_model().lstm_input.bias.numpy()
+    np.testing.assert_array_equal(bias[HIDDEN:2 * HIDDEN], 1.0)
+    np.testing.assert_array_equal(np.delete(bias, np.s_[HIDDEN:2 * HIDDEN]), 0.0)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_symbolic_and_eager_calls(attention):
+    model = ShowAttendTell(vocab_size=VOCAB, embedding_dim=EMBED, hidden_dim=HIDDEN,
+                           attention_dim=UNITS, attention=attention)
+    out = model({"annotations": keras.Input((REGIONS, DIM)),
+                 "tokens": keras.Input((None,), dtype="int32")})
+    assert tuple(out["logits"].shape) == (None, None, VOCAB)
+    assert tuple(out["alpha"].shape) == (None, None, REGIONS)
+    out = model(_inputs())
+    assert out["logits"].shape == (2, 5, VOCAB) and out["logits"].dtype == "float32"
+    assert out["alpha"].shape == (2, 5, REGIONS) and out["beta"].shape == (2, 5)
+    np.testing.assert_allclose(np.asarray(out["alpha"]).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_masked_regions_get_zero_attention_at_every_step():
+    model = make_model()
+    mask = np.ones((2, REGIONS), bool)
+    mask[0, :4] = False
+    alpha = np.asarray(model({**_inputs(), "mask": mask})["alpha"])
+    assert (alpha[0, :, :4] == 0).all()
+    np.testing.assert_allclose(alpha.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_save_and_load_give_identical_outputs(tmp_path, attention):
+    model = make_model(attention)
+    if attention == "hard":
+        model.reinforce_baseline.assign(-7.5)
+        model.baseline_updates.assign(3.0)
+    model.save(tmp_path / "model.keras")
+    revived = keras.saving.load_model(tmp_path / "model.keras")
+    assert revived.get_config() == model.get_config()
+    for key, value in model(_inputs()).items():
+        np.testing.assert_array_equal(value, revived(_inputs())[key])
+    if attention == "hard":
+        assert float(revived.reinforce_baseline.numpy()) == -7.5
+
+
+@pytest.mark.parametrize("attention,inference", [("soft", "expected"), ("hard", "expected"),
+                                                 ("hard", "argmax")])
+def test_teacher_forcing_equals_step_by_step_decoding(attention, inference):
+    model = make_model(attention, hard_inference=inference)
+    a, mask = annotations(), np.ones((2, REGIONS), bool)
+    mask[1, 5:] = False
+    tokens = CAPTIONS[:, :-1]
+    out = model({"annotations": a, "tokens": tokens, "mask": mask})
+    want = np.asarray(tf.nn.log_softmax(out["logits"]))
+    projected = model.project_annotations(a)
+    products = model.context_products(a)
+    state = fast = model.initial_state(a, mask)
+    for t in range(tokens.shape[1]):
+        log_probs, alpha, state = model.decode_step(tokens[:, t], state, a, projected, mask)
+        np.testing.assert_allclose(log_probs, want[:, t], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(alpha, out["alpha"][:, t], rtol=1e-5, atol=1e-6)
+        log_probs, alpha, fast = model.decode_step(tokens[:, t], fast, a, projected, mask,
+                                                   context_products=products)
+        np.testing.assert_allclose(log_probs, want[:, t], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(alpha, out["alpha"][:, t], rtol=1e-5, atol=1e-6)
+
+
+def test_soft_loss_terms():
+    model = make_model(doubly_stochastic_lambda=0.5)
+    terms = model.compute_loss_terms(annotations(), CAPTIONS, training=False)
+    targets = CAPTIONS[:, 1:]
+    real = targets != 0
+    log_p = np.asarray(tf.nn.log_softmax(terms["logits"]))
+    nll = -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]
+    np.testing.assert_allclose(terms["nll"], nll[real].mean(), rtol=1e-5)
+    np.testing.assert_allclose(terms["example_nll"], (nll * real).sum(1), rtol=1e-5)
+    assert float(terms["num_tokens"]) == real.sum() == 7
+    alpha = np.asarray(terms["alpha"])
+    penalty = 0.5 * ((1 - (alpha * real[..., None]).sum(1)) ** 2).sum(-1)
+    np.testing.assert_allclose(terms["attention_penalty"], penalty.mean(), rtol=1e-5)
+    np.testing.assert_allclose(terms["loss"], nll[real].mean() + penalty.mean(), rtol=1e-5)
+    scaled = model.compute_loss_terms(annotations(), CAPTIONS, training=False,
+                                      global_batch_size=8)
+    np.testing.assert_allclose(scaled["loss"], float(terms["loss"]) * 2 / 8, rtol=1e-5)
+
+
+def test_hard_loss_terms_and_baseline_updates():
+    model = make_model("hard", baseline_decay=0.9, expected_alpha_prob=0.0, entropy_lambda=0.1,
+                       reinforce_lambda=1.0)
+    first = model.compute_loss_terms(annotations(), CAPTIONS)
+    assert float(first["used_expected_alpha"]) == 0.0
+    reward = float(first["reward"])
+    np.testing.assert_allclose(reward, -np.asarray(first["example_nll"]).mean(), rtol=1e-5)
+    # The first update sets b to the mean reward; then b <- 0.9 b + 0.1 r.
+    np.testing.assert_allclose(model.reinforce_baseline.numpy(), reward, rtol=1e-6)
+    second = model.compute_loss_terms(annotations(), CAPTIONS)
+    np.testing.assert_allclose(second["baseline"], reward, rtol=1e-6)
+    np.testing.assert_allclose(model.reinforce_baseline.numpy(),
+                               0.9 * reward + 0.1 * float(second["reward"]), rtol=1e-5)
+    np.testing.assert_allclose(
+        second["loss"], float(second["nll"]) + float(second["attention_penalty"])
+        + float(second["reinforce_term"]) - 0.1 * float(second["attention_entropy"]), rtol=1e-5)
+    # With the expected alpha: no REINFORCE term and no baseline update.
+    model.expected_alpha_prob = 1.0
+    before = float(model.reinforce_baseline.numpy())
+    expected = model.compute_loss_terms(annotations(), CAPTIONS)
+    assert float(expected["used_expected_alpha"]) == 1.0
+    assert float(expected["reinforce_term"]) == 0.0
+    assert float(model.reinforce_baseline.numpy()) == before
+    evaluation = model.compute_loss_terms(annotations(), CAPTIONS, training=False)
+    assert float(model.baseline_updates.numpy()) == 2.0
+    assert float(evaluation["reinforce_term"]) == 0.0
+
+
+@pytest.mark.parametrize("attention,expected_alpha_prob", [("soft", 0.5), ("hard", 0.0),
+                                                           ("hard", 1.0)])
+def test_one_training_step_reaches_every_weight(attention, expected_alpha_prob):
+    model = make_model(attention, expected_alpha_prob=expected_alpha_prob)
+    variables = model.trainable_variables
+    before = [v.numpy().copy() for v in variables]
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss_terms(annotations(), CAPTIONS)["loss"]
+    grads = tape.gradient(loss, variables)
+    missing = [v.path for v, g in zip(variables, grads) if g is None]
+    assert not missing
+    keras.optimizers.Adam(1e-2).apply_gradients(zip(grads, variables))
+    assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_hoisted_recurrent_weight_gradients_equal_plain_autodiff(attention):
+    model = make_model(attention, dropout=0.0)
+    mask = np.ones((2, REGIONS), bool)
+    mask[0, 3:] = False
+
+    def grads():
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss_terms(annotations(), CAPTIONS, mask=mask,
+                                            training=False)["loss"]
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    hoisted, traced = grads(), tf.function(grads)()
+    model._hoist_weight_grads = False
+    plain = grads()
+    for variable, x, y, z in zip(model.trainable_variables, hoisted, traced, plain):
+        np.testing.assert_allclose(x, z, rtol=1e-5, atol=1e-6, err_msg=variable.path)
+        np.testing.assert_allclose(y, z, rtol=1e-5, atol=1e-6, err_msg=variable.path)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_annotation_gradients_switch(enabled):
+    model = make_model(annotation_gradients=enabled)
+    a = tf.constant(annotations())
+    with tf.GradientTape() as tape:
+        tape.watch(a)
+        loss = model.compute_loss_terms(a, CAPTIONS)["loss"]
+    grad = tape.gradient(loss, a)
+    assert (grad is None) == (not enabled)
+    if enabled:
+        assert np.abs(grad).max() > 0
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_jit_compiled_training_step(attention):
+    model = make_model(attention, dropout=0.0, expected_alpha_prob=1.0)
+    a = tf.constant(annotations())
+
+    def step(a, tokens):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss_terms(a, tokens)["loss"]
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    jit_loss, jit_grads = tf.function(step, jit_compile=True)(a, CAPTIONS)
+    loss, grads = tf.function(step)(a, CAPTIONS)
+    np.testing.assert_allclose(jit_loss, loss, rtol=1e-5)
+    for x, y in zip(jit_grads, grads):
+        np.testing.assert_allclose(tf.convert_to_tensor(x), tf.convert_to_tensor(y),
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,compute", [("mixed_float16", "float16"),
+                                          ("mixed_bfloat16", "bfloat16")])
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_mixed_precision_dtypes(name, compute, attention):
+    with policy(name):
+        model = make_model(attention)
+        out = model(_inputs(), training=True)
+        state = model.initial_state(annotations())
+        with tf.GradientTape() as tape:
+            terms = model.compute_loss_terms(annotations(), CAPTIONS)
+        grads = tape.gradient(terms["loss"], model.trainable_variables)
+        decoded = greedy_decode(model, annotations(), 3)
+    assert model.compute_dtype == compute
+    assert all(w.dtype == "float32" for w in model.weights)
+    assert out["logits"].dtype == out["alpha"].dtype == out["beta"].dtype == "float32"
+    assert state[0].dtype == compute and state[1].dtype == "float32"
+    assert all(terms[k].dtype == "float32" for k in ("loss", "nll", "attention_penalty"))
+    assert np.isfinite(float(terms["loss"]))
+    assert all(g is not None for g in grads)
+    assert decoded["scores"].dtype == decoded["attention"].dtype == "float32"
+    np.testing.assert_allclose(np.asarray(decoded["attention"])[:, 0].sum(-1), 1.0, rtol=1e-3)
+
+
+# Four images, four captions, all distinct: memorised in a few hundred steps.
+_OVERFIT_CAPTIONS = np.array([[1, 4, 5, 6, 2, 0, 0],
+                              [1, 7, 8, 2, 0, 0, 0],
+                              [1, 9, 10, 11, 12, 2, 0],
+                              [1, 4, 13, 14, 15, 16, 2]], "int32")
+
+
+def _fit(model, a, steps):
+    optimizer = keras.optimizers.Adam(0.02)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            terms = model.compute_loss_terms(a, _OVERFIT_CAPTIONS)
+        grads = tape.gradient(terms["loss"], model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return terms
+
+    for _ in range(steps):
+        terms = step()
+    return terms
+
+
+def _assert_reproduces_captions(model, a):
+    out = greedy_decode(model, a, max_length=8)
+    want = _OVERFIT_CAPTIONS[:, 1:]
+    np.testing.assert_array_equal(out["tokens"][:, :want.shape[1]], want)
+    np.testing.assert_array_equal(out["lengths"], (want != 0).sum(1))
+
+
+def test_soft_attention_overfits_a_handful_of_captions_with_fit():
+    model = make_model("soft", dropout=0.0, doubly_stochastic_lambda=0.01)
+    a = annotations(seed=3, batch=4)
+    model.compile(optimizer=keras.optimizers.Adam(0.02))
+    data = tf.data.Dataset.from_tensors({"annotations": a, "tokens": _OVERFIT_CAPTIONS})
+    history = model.fit(data.repeat(), steps_per_epoch=150, epochs=1, verbose=0)
+    assert history.history["nll"][-1] < 0.5
+    terms = model.compute_loss_terms(a, _OVERFIT_CAPTIONS, training=False)
+    assert float(terms["nll"]) < 0.05
+    _assert_reproduces_captions(model, a)
+    assert set(model.evaluate(data, verbose=0, return_dict=True)) >= {"loss", "nll"}
+
+
+def test_hard_attention_overfits_a_handful_of_captions():
+    model = make_model("hard", dropout=0.0, doubly_stochastic_lambda=0.01)
+    a = annotations(seed=3, batch=4)
+    _fit(model, a, 200)
+    terms = model.compute_loss_terms(a, _OVERFIT_CAPTIONS, training=False)
+    assert float(terms["nll"]) < 0.05
+    _assert_reproduces_captions(model, a)
+    assert float(model.baseline_updates.numpy()) > 0
