@@ -52,7 +52,7 @@ class EncoderConfig:
     layer: str = "block5_conv4"        # keras_app: the conv layer giving the grid
     weights: str = "none"              # imagenet | none | path to a weights file
     image_size: int = 64               # input side in pixels (square)
-    width: int = 64                    # small CNN: channels of the first block
+    width: int = 16                    # small CNN: channels of the stem (D = 8 x width)
     grid_size: int = 8                 # small CNN: output grid side H = W
     coord_channels: bool = True        # append (x, y) of each cell to a_i
     # EncoderTrainer (small CNN on caption words as multi-label targets)

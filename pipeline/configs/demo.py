@@ -15,7 +15,7 @@ def get_config() -> PipelineConfig:
         name="demo",
         data=DataConfig(source="synthetic", num_images=8000, image_size=64, seed=0,
                         val_fraction=0.05, test_fraction=0.05, num_shards=4),
-        encoder=EncoderConfig(kind="small_cnn", image_size=64, width=32, grid_size=8,
+        encoder=EncoderConfig(kind="small_cnn", image_size=64, width=16, grid_size=8,
                               batch_size=64, max_epochs=20, patience=2),
         preprocess=PreprocessConfig(max_batch_size=128, min_batch_size=16, num_shards=4),
         model=ModelConfig(attention="soft", embedding_dim=64, hidden_dim=256,

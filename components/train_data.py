@@ -1,0 +1,319 @@
+"""The Trainer's tf.data input pipeline over Annotations TFRecords.
+
+One epoch, per input pipeline (one per worker):
+
+    <annotations>/train/*.tfrecord -> interleave(TFRecordDataset, parallel) -> parse
+      -> [cache]                        parsed records, float16 grids, every caption
+      -> shuffle(seed of the epoch)     the same order on every worker
+      -> shard(workers)                 a disjoint share per worker
+      -> pick one caption               stateless random, seeded by (seed, epoch, image)
+      -> [sort by length in windows]    `bucket_by_length`
+      -> padded_batch(per-replica batch, drop_remainder) -> take(steps)
+    epoch e0 + epoch e0+1 + ... (concatenate) -> skip(resume) -> prefetch
+
+Every input pipeline yields exactly `steps_per_epoch * replicas_per_pipeline`
+equally sized batches, so the workers of a multi-worker job run the same
+number of steps and no replica ever gets an empty batch. The caching comes
+before the caption choice, so every epoch draws a fresh reference caption for
+each image. Record format: docs/ARTIFACTS.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from components import io_utils
+from models.text import PAD_ID
+
+# Batches of one length-sorted window (bucket_by_length), per replica.
+BUCKET_WINDOW_BATCHES = 8
+
+TRAIN_FEATURES = {
+    "annotations": tf.io.FixedLenFeature([], tf.string),
+    "captions/tokens": tf.io.VarLenFeature(tf.int64),
+    "captions/lengths": tf.io.VarLenFeature(tf.int64),
+}
+
+
+def _read(files: Sequence[str], parallel_reads: int) -> tf.data.Dataset:
+    """Serialized records, files read in parallel, in a deterministic interleaved order."""
+    files_ds = tf.data.Dataset.from_tensor_slices(list(files))
+    return files_ds.interleave(
+        tf.data.TFRecordDataset, cycle_length=max(1, min(len(files), parallel_reads)),
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def parse_record(serialized, grid_shape: Sequence[int]):
+    """One Annotations record -> `annotations` (L, D) float16, `tokens`, `lengths` int32.
+
+    `tokens` holds every caption of the image concatenated (each `<start> ..
+    <end>`); `lengths` the length of each.
+    """
+    h, w, d = (int(v) for v in grid_shape)
+    ex = tf.io.parse_single_example(serialized, TRAIN_FEATURES)
+    grid = tf.reshape(tf.io.decode_raw(ex["annotations"], tf.float16), [h * w, d])
+    return {"annotations": grid,
+            "tokens": tf.cast(tf.sparse.to_dense(ex["captions/tokens"]), tf.int32),
+            "lengths": tf.cast(tf.sparse.to_dense(ex["captions/lengths"]), tf.int32)}
+
+
+def pick_caption(index, record, seed: int, epoch):
+    """One of the image's captions, drawn with a stateless op seeded by (seed, epoch, index).
+
+    Args:
+      index: the image's position in the split (int64 scalar).
+      record: from `parse_record`.
+      seed: `train.seed`.
+      epoch: int or int64 scalar.
+    Returns:
+      dict: `annotations` (L, D) float16, `tokens` (n,) int32 one caption.
+    """
+    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
+    lengths = record["lengths"]
+    k = tf.random.stateless_uniform([], seed=key, minval=0, maxval=tf.size(lengths),
+                                    dtype=tf.int32)
+    start = tf.reduce_sum(lengths[:k])
+    return {"annotations": record["annotations"],
+            "tokens": record["tokens"][start:start + lengths[k]]}
+
+
+def _pad_time(batch, multiple: int):
+    """Pads the token time axis up to a multiple of `multiple` (fewer XLA shapes)."""
+    tokens = batch["tokens"]
+    steps = tf.shape(tokens)[1]
+    padded = (steps + multiple - 1) // multiple * multiple
+    batch = dict(batch)
+    batch["tokens"] = tf.pad(tokens, [[0, 0], [0, padded - steps]], constant_values=PAD_ID)
+    return batch
+
+
+@dataclass
+class TrainData:
+    """Builds the per-epoch training datasets of one Annotations split.
+
+    Args:
+      files: the split's TFRecord shards.
+      grid_shape: `[H, W, D]`.
+      num_records: images in the split (counted from the files if None).
+      global_batch_size: examples per step over all replicas.
+      seed: `train.seed`; shuffling and caption choice derive from it and the epoch.
+      shuffle_buffer: `train.shuffle_buffer` (capped at the split size).
+      cache: keep the parsed records in memory after the first epoch.
+      bucket_by_length: sort windows of `BUCKET_WINDOW_BATCHES` batches by
+        caption length before batching, then shuffle the batches.
+      dtype: the annotations' dtype in the batches (the compute dtype).
+      pad_multiple: pad the time axis to a multiple of this (1 = the batch max).
+      parallel_reads: files read at once.
+    """
+    files: Sequence[str]
+    grid_shape: Sequence[int]
+    num_records: int | None = None
+    global_batch_size: int = 64
+    seed: int = 0
+    shuffle_buffer: int = 2048
+    cache: bool = True
+    bucket_by_length: bool = False
+    dtype: str = "float32"
+    pad_multiple: int = 1
+    parallel_reads: int = 8
+
+    def __post_init__(self):
+        if not self.files:
+            raise ValueError("no TFRecord files to train on")
+        self._source = None
+        if self.num_records is None:
+            self.num_records = int(_read(self.files, self.parallel_reads)
+                                   .reduce(np.int64(0), lambda n, _: n + 1))
+
+    def source(self) -> tf.data.Dataset:
+        """`(index, parsed record)` in file order; cached when `cache` (built once)."""
+        if self._source is None:
+            grid = list(self.grid_shape)
+            ds = _read(self.files, self.parallel_reads).map(
+                lambda r: parse_record(r, grid), num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.enumerate()
+            if self.cache:
+                ds = ds.cache()
+            self._source = ds
+        return self._source
+
+    def steps_per_epoch(self, num_input_pipelines: int = 1) -> int:
+        """Steps of one epoch: every pipeline has `num_records // pipelines` images."""
+        per_pipeline = self.num_records // num_input_pipelines
+        return per_pipeline // (self.global_batch_size // num_input_pipelines)
+
+    def dataset(self, epoch: int, input_context: tf.distribute.InputContext | None = None,
+                skip_steps: int = 0, epochs: int = 1) -> tf.data.Dataset:
+        """This input pipeline's batches of `epochs` epochs from `epoch` on.
+
+        One dataset (and one iterator) runs through the epochs, so that
+        prefetching goes on across epoch boundaries; every epoch yields
+        exactly `steps_per_epoch` steps' batches. (The epochs are chained with
+        `concatenate`: each has its own Python-int seeds, since
+        `Dataset.shuffle` cannot take a seed tensor computed in a `flat_map`
+        when the global seed is 0.)
+
+        Args:
+          epoch: the first epoch (each epoch index seeds its shuffle and
+            caption choice, so epoch `e` is the same whatever the start).
+          input_context: from `distribute_datasets_from_function` (None = one
+            pipeline, one replica).
+          skip_steps: steps of the first epoch already trained (resuming).
+          epochs: how many epochs.
+        Returns:
+          A dataset of `{"annotations": (b, L, D), "tokens": (b, T)}` with
+          `b` the per-replica batch, `T` the longest caption of the batch.
+        """
+        pipelines = input_context.num_input_pipelines if input_context else 1
+        pipeline_id = input_context.input_pipeline_id if input_context else 0
+        replicas = input_context.num_replicas_in_sync if input_context else 1
+        if self.global_batch_size % replicas:
+            raise ValueError(f"train.batch_size={self.global_batch_size} must be a multiple "
+                             f"of the {replicas} replicas")
+        batch = self.global_batch_size // replicas
+        replicas_per_pipeline = replicas // pipelines
+        steps = self.steps_per_epoch(pipelines)
+        if steps == 0:
+            raise ValueError(f"the train split has {self.num_records} images, fewer than "
+                             f"one global batch ({self.global_batch_size}) per worker")
+        ds = None
+        for e in range(epoch, epoch + max(1, epochs)):
+            part = self._epoch(e, pipelines, pipeline_id, batch, replicas_per_pipeline)
+            part = part.take(steps * replicas_per_pipeline)
+            ds = part if ds is None else ds.concatenate(part)
+        if skip_steps:
+            ds = ds.skip(skip_steps * replicas_per_pipeline)
+        options = tf.data.Options()
+        options.deterministic = True
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    def _epoch(self, epoch: int, pipelines: int, pipeline_id: int, batch: int,
+               replicas_per_pipeline: int) -> tf.data.Dataset:
+        """One epoch's batches for one pipeline (seeded by `seed` and `epoch`)."""
+        epoch_seed = (self.seed * 1_000_003 + epoch * 7919) % (2 ** 31 - 1)
+        ds = self.source()
+        # The same seed on every worker: the same order, then disjoint shares.
+        ds = ds.shuffle(max(1, min(self.shuffle_buffer, self.num_records)), seed=epoch_seed,
+                        reshuffle_each_iteration=False)
+        if pipelines > 1:
+            ds = ds.shard(pipelines, pipeline_id)
+        seed = self.seed
+        ds = ds.map(lambda i, r: pick_caption(i, r, seed, epoch),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        if self.bucket_by_length:
+            ds = self._sorted_windows(ds, batch * BUCKET_WINDOW_BATCHES * replicas_per_pipeline)
+        dtype = tf.as_dtype(self.dtype)
+        ds = ds.map(lambda e: {"annotations": tf.cast(e["annotations"], dtype),
+                               "tokens": e["tokens"]}, num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.padded_batch(batch, padding_values={"annotations": tf.cast(0, dtype),
+                                                    "tokens": PAD_ID},
+                             drop_remainder=True)
+        if self.bucket_by_length:
+            # Batches leave a window sorted by length: shuffle their order.
+            ds = ds.shuffle(BUCKET_WINDOW_BATCHES * replicas_per_pipeline,
+                            seed=epoch_seed + 1, reshuffle_each_iteration=False)
+        if self.pad_multiple > 1:
+            ds = ds.map(lambda b: _pad_time(b, self.pad_multiple))
+        return ds
+
+    @staticmethod
+    def _sorted_windows(ds, window: int):
+        """Sorts each window of `window` examples by caption length (stable)."""
+        def sort(w):
+            lengths = tf.reduce_sum(tf.cast(tf.not_equal(w["tokens"], PAD_ID), tf.int32), 1)
+            order = tf.argsort(lengths, stable=True)
+            return (tf.gather(w["annotations"], order), tf.gather(w["tokens"], order),
+                    tf.gather(lengths, order))
+
+        def trim(annotations, tokens, length):
+            return {"annotations": annotations, "tokens": tokens[:length]}
+
+        ds = ds.padded_batch(window, padding_values={"annotations": tf.cast(0, tf.float16),
+                                                     "tokens": PAD_ID})
+        return ds.map(sort).unbatch().map(trim)
+
+
+@dataclass
+class EvalSet:
+    """Validation images held in memory.
+
+    Attributes:
+      ids: image ids.
+      annotations: (N, L, D) float32.
+      captions: per image, its token id arrays (`<start> .. <end>`).
+      references: per image, its normalized reference texts.
+    """
+    ids: list
+    annotations: np.ndarray
+    captions: list
+    references: list
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (image, caption) pair: `(image index (P,), tokens (P, T) PAD-padded)`."""
+        index, rows = [], []
+        for i, caps in enumerate(self.captions):
+            for c in caps:
+                index.append(i)
+                rows.append(c)
+        width = max((len(r) for r in rows), default=1)
+        tokens = np.full((len(rows), width), PAD_ID, np.int32)
+        for j, r in enumerate(rows):
+            tokens[j, :len(r)] = r
+        return np.asarray(index, np.int64), tokens
+
+
+def load_eval_set(files: Sequence[str], grid_shape: Sequence[int], max_images: int,
+                  id_to_word: Sequence[str] | None = None) -> EvalSet:
+    """The first `max_images` images of a split (file order), with all their captions.
+
+    References are the normalized `captions/text` (or the decoded tokens when
+    a record has no texts).
+    """
+    from models import text as text_lib
+    h, w, d = (int(v) for v in grid_shape)
+    ids, grids, captions, references = [], [], [], []
+    spec = dict(TRAIN_FEATURES)
+    spec["image/id"] = tf.io.FixedLenFeature([], tf.string, default_value="")
+    spec["captions/text"] = tf.io.VarLenFeature(tf.string)
+    if max_images <= 0 or not files:
+        return EvalSet([], np.zeros((0, h * w, d), np.float32), [], [])
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        return {k: tf.sparse.to_dense(v) if isinstance(v, tf.SparseTensor) else v
+                for k, v in ex.items()}
+
+    for ex in _read(files, 4).take(max_images).map(parse).as_numpy_iterator():
+        grids.append(io_utils.decode_float16_grid(ex["annotations"], (h, w, d)))
+        tokens = ex["captions/tokens"].astype(np.int32)
+        lengths = ex["captions/lengths"].astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        caps = [tokens[s:s + n] for s, n in zip(starts, lengths)]
+        texts = [" ".join(text_lib.normalize(t.decode("utf-8")))
+                 for t in ex["captions/text"]]
+        if not texts and id_to_word is not None:
+            texts = [text_lib.decode(c[1:], id_to_word) for c in caps]
+        ids.append(ex["image/id"].decode("utf-8") or str(len(ids)))
+        captions.append(caps)
+        references.append([t for t in texts if t] or [""])
+    return EvalSet(ids, np.stack(grids) if grids else np.zeros((0, h * w, d), np.float32),
+                   captions, references)
+
+
+def split_files(annotations_uri: str, split: str) -> list[str]:
+    """The shards of one split of an Annotations artifact (`<uri>/<split>/*.tfrecord`).
+
+    Through `tf.io.gfile`, so `gs://` and `s3://` artifacts work too.
+    """
+    if "://" not in annotations_uri:
+        return io_utils.split_files(annotations_uri, split)
+    return sorted(tf.io.gfile.glob(f"{annotations_uri.rstrip('/')}/{split}/*.tfrecord"))
