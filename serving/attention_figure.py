@@ -1,70 +1,106 @@
-"""Per-word attention maps drawn over the original image (Xu et al. 2015, fig. 2-3).
+"""Per-word attention maps drawn over the image, in the style of Xu et al. 2015 (Figures 2, 3).
 
 One PNG per image: the image first, then one panel per generated word with
-that step's attention map upsampled to the image size and overlaid, the
-word as the panel title. Uses matplotlib's Agg canvas directly (no pyplot
-global state), so it is safe from worker threads and needs no display.
+that step's attention map smoothly upsampled and lighting the image, the word
+as the panel title. Matplotlib's Agg canvas only (no pyplot global state), so
+it is safe from worker threads and needs no display. Used by the gRPC client
+(`captioner caption --attention-out`) and by the Evaluator's figures.
 """
 from __future__ import annotations
 
 import io
 import math
-from typing import Sequence
+import os
+from typing import Optional, Sequence
 
 import numpy as np
+from PIL import Image
+
+PANEL_INCHES = 1.6
+MAX_COLUMNS = 6
+DPI = 100
 
 
-def upsample(attention_map: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Bilinear upsampling of an (H, W) map to (height, width), scaled to [0, 1]."""
-    from PIL import Image
-
-    grid = np.asarray(attention_map, dtype=np.float32)
-    image = Image.fromarray(grid, mode="F").resize((width, height), Image.BILINEAR)
-    out = np.asarray(image, dtype=np.float32)
-    low, high = float(out.min()), float(out.max())
-    return (out - low) / (high - low) if high > low else np.zeros_like(out)
+def upsample_attention(attention_map: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A smooth (bicubic) upsampling of an (h, w) map to (height, width), scaled to [0, 1]."""
+    m = np.asarray(attention_map, np.float32)
+    resized = np.asarray(Image.fromarray(m).resize((width, height), Image.BICUBIC))
+    resized = np.clip(resized, 0.0, None)
+    top = float(resized.max())
+    return resized / top if top > 0 else resized
 
 
-def save_attention_figure(image_bytes: bytes, words: Sequence[str], attention: np.ndarray,
-                          path: str, columns: int = 5, panel_inches: float = 2.2) -> str:
-    """Writes the image and one attention overlay per word to a PNG.
+def attention_figure(image: np.ndarray, words: Sequence[str], attention: np.ndarray,
+                     path: str, title: Optional[str] = None, columns: int = MAX_COLUMNS) -> str:
+    """Writes a PNG: the image, then one panel per word with its attention over the image.
+
+    Each word's panel shows the image lit by the smoothly upsampled attention
+    map (bright = attended), the word as the panel title, as in the paper's
+    Figures 2 and 3.
 
     Args:
-      image_bytes: the encoded image that was captioned.
-      words: the caption's words (panel titles), in generation order.
-      attention: (T, H, W) maps, step t for word t; extra steps (`<end>`,
-        padding) are ignored.
-      path: the PNG to write.
-      columns: panels per row.
+      image: (H, W, 3) uint8 image (a 2-D grayscale image is also accepted).
+      words: the generated words; panel t shows `attention[t]`.
+      attention: (T, h, w) maps with T >= len(words) (extra maps are ignored).
+      path: where to write the PNG (parent folders are created).
+      title: optional figure title (e.g. the caption and image id).
+      columns: panels per row at most.
     Returns:
       `path`.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from PIL import Image
 
-    image = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("RGB"))
-    height, width = image.shape[:2]
-    attention = np.asarray(attention)
-    steps = min(len(words), attention.shape[0]) if attention.ndim == 3 else 0
-    panels = 1 + steps
-    columns = max(1, min(columns, panels))
-    rows = math.ceil(panels / columns)
-    figure = Figure(figsize=(panel_inches * columns, panel_inches * rows))
-    FigureCanvasAgg(figure)
-    for index in range(rows * columns):
-        axes = figure.add_subplot(rows, columns, index + 1)
-        axes.axis("off")
-        if index >= panels:
-            continue
-        axes.imshow(image)
-        if index == 0:
-            axes.set_title("image", fontsize=10)
-            continue
-        overlay = upsample(attention[index - 1], width, height)
-        axes.imshow(overlay, cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0,
-                    extent=(-0.5, width - 0.5, height - 0.5, -0.5))
-        axes.set_title(words[index - 1], fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, format="png", dpi=80)
+    image = np.asarray(image)
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=-1)
+    if image.ndim != 3 or image.shape[-1] < 3:
+        raise ValueError(f"image must be (H, W, 3), got {image.shape}")
+    image = image[..., :3].astype(np.uint8)
+    attention = np.asarray(attention, np.float32)
+    if attention.ndim != 3:
+        raise ValueError(f"attention must be (T, h, w), got {attention.shape}")
+    words = [str(w) for w in words]
+    if attention.shape[0] < len(words):
+        raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
+    panels = len(words) + 1
+    cols = max(1, min(columns, panels))
+    rows = math.ceil(panels / cols)
+    fig = Figure(figsize=(cols * PANEL_INCHES, rows * PANEL_INCHES + (0.4 if title else 0.0)),
+                 dpi=DPI)
+    FigureCanvasAgg(fig)
+    h, w = image.shape[:2]
+    base = image.astype(np.float32) / 255.0
+    for k in range(rows * cols):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        ax.set_axis_off()
+        if k == 0:
+            ax.imshow(image, interpolation="bilinear")
+            ax.set_title("image", fontsize=9)
+        elif k <= len(words):
+            alpha = upsample_attention(attention[k - 1], h, w)[..., None]
+            # dim what is not attended, brighten (towards white) what is
+            lit = base * (0.25 + 0.75 * alpha) + 0.45 * alpha * (1.0 - base)
+            ax.imshow(np.clip(lit, 0.0, 1.0), interpolation="bilinear")
+            ax.set_title(words[k - 1], fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png")
     return path
+
+
+def save_attention_figure(image_bytes: bytes, words: Sequence[str], attention: np.ndarray,
+                          path: str, title: Optional[str] = None,
+                          columns: int = MAX_COLUMNS) -> str:
+    """`attention_figure` for encoded image bytes (what the client sent to the server).
+
+    Attention maps beyond the words (`<end>`, padding) are ignored.
+    """
+    image = np.asarray(Image.open(io.BytesIO(image_bytes)).convert("RGB"))
+    attention = np.asarray(attention, np.float32)
+    words = list(words)[:attention.shape[0]] if attention.ndim == 3 else []
+    if attention.ndim != 3:
+        attention = np.zeros((0, 1, 1), np.float32)
+    return attention_figure(image, words, attention, path, title=title, columns=columns)
