@@ -1,0 +1,83 @@
+"""Pusher: atomic versions, retention, TF Serving configs, nothing pushed when not blessed."""
+import os
+import threading
+import time
+
+from google.protobuf import text_format
+from tensorflow_serving.config import model_server_config_pb2
+
+from components import pusher
+from pipeline.artifacts import Artifact
+from pipeline.config import PipelineConfig
+from pipeline.runner import StageContext
+
+
+def _slow_build(path):
+    """Writes a fake SavedModel in several steps, like a real export."""
+    os.makedirs(os.path.join(path, "variables"))
+    for i in range(5):
+        with open(os.path.join(path, "variables", f"part{i}"), "w") as f:
+            f.write("x" * 1000)
+        time.sleep(0.02)
+    with open(os.path.join(path, "saved_model.pb"), "w") as f:
+        f.write("pb")
+
+
+def test_a_polling_reader_never_sees_a_partial_version(tmp_path):
+    model_dir = str(tmp_path / "captioner")
+    seen_partial, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            for v in pusher.existing_versions(model_dir):
+                vdir = os.path.join(model_dir, str(v))
+                try:
+                    complete = (os.path.exists(os.path.join(vdir, "saved_model.pb")) and
+                                len(os.listdir(os.path.join(vdir, "variables"))) == 5)
+                except FileNotFoundError:  # removed by retention between the two calls
+                    continue
+                if not complete and os.path.exists(vdir):
+                    seen_partial.append(v)
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        versions = [pusher.publish_version(model_dir, _slow_build, keep_versions=2)[0]
+                    for _ in range(4)]
+    finally:
+        stop.set()
+        reader.join()
+    assert versions == [1, 2, 3, 4]
+    assert seen_partial == []
+    assert pusher.existing_versions(model_dir) == [3, 4]
+    assert not [e for e in os.listdir(model_dir) if e.startswith(".")]
+
+
+def test_leftovers_of_a_killed_push_are_cleaned(tmp_path):
+    model_dir = tmp_path / "captioner"
+    (model_dir / ".tmp-1-999" / "variables").mkdir(parents=True)
+    version, path = pusher.publish_version(str(model_dir), _slow_build, keep_versions=3)
+    assert version == 1 and os.listdir(model_dir) == ["1"]
+
+
+def test_models_config_and_batching_parameters_parse(tmp_path):
+    text = pusher.models_config_text(str(tmp_path), ["captioner", "other"])
+    config = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
+    names = [c.name for c in config.model_config_list.config]
+    assert names == ["captioner", "other"]
+    assert config.model_config_list.config[0].base_path == str(tmp_path / "captioner")
+    batching = pusher.batching_parameters_text(16, 1000)
+    assert "max_batch_size { value: 16 }" in batching
+    assert "batch_timeout_micros { value: 1000 }" in batching
+
+
+def test_not_blessed_pushes_nothing(tmp_path, capsys):
+    blessing = Artifact(type="Blessing", uri=str(tmp_path / "b"),
+                        properties={"blessed": False, "reasons": ["Bleu_4 too low"]})
+    ctx = StageContext(stage="Pusher", config=PipelineConfig(), inputs={"blessing": blessing},
+                       outputs={"pushed_model": str(tmp_path / "out")}, work_dir=str(tmp_path),
+                       root=str(tmp_path), execution_id=1)
+    result = pusher.run(ctx)
+    assert result["pushed_model"]["properties"]["pushed"] is False
+    assert not os.path.exists(tmp_path / "serving")
+    assert "NOT blessed" in capsys.readouterr().err
