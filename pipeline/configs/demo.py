@@ -16,11 +16,15 @@ def get_config() -> PipelineConfig:
         data=DataConfig(source="synthetic", num_images=8000, image_size=64, seed=0,
                         val_fraction=0.05, test_fraction=0.05, num_shards=4),
         encoder=EncoderConfig(kind="small_cnn", image_size=64, width=16, grid_size=8,
-                              batch_size=64, max_epochs=20, patience=2),
+                              batch_size=64, max_epochs=12, patience=2, min_delta=0.005),
         preprocess=PreprocessConfig(max_batch_size=128, min_batch_size=16, num_shards=4),
+        # With T ~ 20 words and L = 64 regions, lambda = 1 makes the doubly
+        # stochastic penalty (minimum (L - T)^2 / L ~ 30 at uniform attention)
+        # dominate the loss and spread attention over the empty background:
+        # relation_accuracy 0.64 vs 0.78 at 0.01 (12 epochs, same data).
         model=ModelConfig(attention="soft", embedding_dim=64, hidden_dim=256,
-                          attention_dim=128, dropout=0.1),
-        train=TrainConfig(batch_size=64, epochs=12, learning_rate=2e-3, lr_schedule="cosine",
+                          attention_dim=128, dropout=0.1, doubly_stochastic_lambda=0.01),
+        train=TrainConfig(batch_size=64, epochs=18, learning_rate=2e-3, lr_schedule="cosine",
                           checkpoint_every=200, val_examples=256, patience=3),
         eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
                         thresholds={"Bleu_4": 0.5, "CIDEr": 3.0}),
