@@ -85,10 +85,9 @@ def write_examples(records: Iterator[RawExample], output_uri: str, data_config,
     try:
         for raw in tqdm(records, total=total, desc="ExampleGen", unit="img",
                         file=sys.stderr, mininterval=1.0):
-            counts["seen"] += 1
             if data_config.max_images and counts["accepted"] >= data_config.max_images:
-                counts["seen"] -= 1
                 break
+            counts["seen"] += 1
             try:
                 if raw.image_id in seen_ids:
                     raise ValueError("duplicate image id")

@@ -198,3 +198,9 @@ def test_stage_run_writes_artifact_counts(tmp_path):
     st = summary["stages"]["ExampleGen"]
     assert st["status"] == "ran" and st["counts"]["accepted"] == 20
     assert os.path.exists(os.path.join(st["outputs"]["examples"], "dead_letters.jsonl"))
+
+
+def test_max_images_limits_accepted_images(tmp_path):
+    raws = [RawExample(f"img{i}", image_bytes=_image_bytes(), captions=("c",)) for i in range(10)]
+    counts = example_gen.write_examples(iter(raws), str(tmp_path), DataConfig(max_images=4))
+    assert counts["accepted"] == counts["seen"] == 4
