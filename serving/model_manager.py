@@ -263,10 +263,7 @@ class ModelManager:
         """
         with self._lock:
             if label:
-                source = self._sources.get(name)
-                if source is None or label not in source.labels:
-                    raise invalid_argument(f"Unrecognized servable version label: {label}")
-                version = source.labels[label]
+                version = self._label_version(name, label)
             versions = self._servables.get(name) or {}
             if version is None:
                 if not versions:
@@ -277,15 +274,19 @@ class ModelManager:
                 raise not_found(f"Servable not found for request: Specific({name}, {version})")
             return servable
 
+    def _label_version(self, name: str, label: str) -> int:
+        """The version a models.config label points at (caller holds the lock)."""
+        source = self._sources.get(name)
+        if source is None or label not in source.labels:
+            raise invalid_argument(f"Unrecognized servable version label: {label}")
+        return source.labels[label]
+
     def status(self, name: str, version: Optional[int] = None,
                label: Optional[str] = None) -> List[Tuple[int, VersionStatus]]:
         """(version, status) pairs, newest first, as GetModelStatus reports them."""
         with self._lock:
             if label:
-                source = self._sources.get(name)
-                if source is None or label not in source.labels:
-                    raise invalid_argument(f"Unrecognized servable version label: {label}")
-                version = source.labels[label]
+                version = self._label_version(name, label)
             states = self._states.get(name) or {}
             if version is not None:
                 if version not in states:
