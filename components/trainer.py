@@ -640,6 +640,7 @@ def _train(strategy, role, annotations_uri, vocabulary_uri, config, output_uri, 
     validator = Validator(model, eval_set, id_to_word) if len(eval_set) else None
     metric_name = tcfg.early_stopping_metric
     best_path = os.path.join(work_dir, "best.keras")
+    selection_start = (model.expected_alpha_warmup if model.attention == "hard" else 0)
 
     def validate() -> dict:
         names = ["val_loss"] + (["bleu4"] if metric_name == "bleu4" else [])
@@ -741,7 +742,12 @@ def _train(strategy, role, annotations_uri, vocabulary_uri, config, output_uri, 
                 metrics = validate()
                 row.update(metrics)
                 value = metrics[metric_name]
-                if _improved(metric_name, value, float(state.best_metric.numpy())):
+                # Hard attention's expected-alpha warmup trains a soft model: its
+                # epochs are not candidates for the best (hard) model.
+                in_warmup = int(state.step.numpy()) <= selection_start
+                if in_warmup:
+                    pass
+                elif _improved(metric_name, value, float(state.best_metric.numpy())):
                     state.best_metric.assign(value)
                     state.best_epoch.assign(epoch)
                     state.bad_epochs.assign(0)
@@ -752,8 +758,9 @@ def _train(strategy, role, annotations_uri, vocabulary_uri, config, output_uri, 
                     state.bad_epochs.assign_add(1)
                 say(f"{LOG} epoch {epoch}: loss {row['train_loss'] or float('nan'):.4f}, "
                     + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-                    + f" (best {metric_name} {float(state.best_metric.numpy()):.4f} at epoch "
-                      f"{int(state.best_epoch.numpy())})")
+                    + (" (expected-alpha warmup: not a best-model candidate)" if in_warmup
+                       else f" (best {metric_name} {float(state.best_metric.numpy()):.4f} "
+                            f"at epoch {int(state.best_epoch.numpy())})"))
             if chief:
                 with open(history_path, "a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -66,12 +66,14 @@ def reinforce_surrogate(reward, baseline, sample_log_prob, weight=1.0):
     the attention parameters; `reward - baseline` is a constant (stop-gradient).
 
     Args:
-      reward: (batch,) `log p(y | s, a)` of each sampled sequence.
+      reward: (batch,) `log p(y | s, a)` of each sampled sequence; or, to
+        credit each step separately, (batch, T) per-step rewards.
       baseline: scalar moving average of past rewards.
-      sample_log_prob: (batch,) `log p(s | a) = sum_t log alpha_{t, s_t}` over real steps.
+      sample_log_prob: the same shape as `reward`: (batch,) `log p(s | a) =
+        sum_t log alpha_{t, s_t}` over real steps, or (batch, T) per step.
       weight: lambda_r.
     Returns:
-      (batch,) float32 surrogate values.
+      float32 surrogate values of `reward`'s shape.
     """
     advantage = ops.stop_gradient(ops.cast(reward, "float32") - ops.cast(baseline, "float32"))
     return -weight * advantage * ops.cast(sample_log_prob, "float32")

@@ -10,6 +10,7 @@ from models.hard_attention import INFERENCE_MODES, HardAttention
 from models.soft_attention import SoftAttention
 
 ATTENTIONS = ("soft", "hard")
+REINFORCE_CREDITS = ("sequence", "token")
 # Scalar entries of `compute_loss_terms()`, logged by `train_step`/`test_step`.
 SCALAR_TERMS = ("loss", "nll", "attention_penalty", "attention_entropy", "num_tokens",
                 "reward", "baseline", "reinforce_term", "used_expected_alpha")
@@ -96,7 +97,18 @@ class ShowAttendTell(keras.Model):
       reinforce_lambda: hard only: `lambda_r`, weight of the REINFORCE term.
       expected_alpha_prob: hard only: probability per minibatch of training
         with the expected context instead of a sample.
+      expected_alpha_warmup: hard only: the first this many training
+        minibatches all use the expected context (sampling starts after).
+        Sampling from the near-uniform alpha of a fresh model feeds the LSTM
+        random background regions, it learns to ignore the context, and the
+        attention never sharpens; a warmup lets alpha focus first.
       baseline_decay: hard only: decay of the moving-average reward baseline.
+      reinforce_credit: hard only: the reward each sampled location is
+        credited with. `"sequence"` (the paper's equation 12): the caption's
+        `log p(y | s, a)` for every step's sample. `"token"`: step t's sample
+        gets `log p(y_t | ...)` of the word it helped emit, against a
+        baseline of the mean per-word log-likelihood; a lower-variance
+        (biased: it ignores the sample's effect on later words) estimate.
       hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
       seed: optional int; seeds the sampler, the dropout and the coin flips.
       annotation_gradients: back-propagate into the annotations (to fine-tune
@@ -123,7 +135,8 @@ class ShowAttendTell(keras.Model):
                  attention_dim: int = 128, attention: str = "soft", dropout: float = 0.3,
                  use_gate: bool = True, doubly_stochastic_lambda: float = 1.0,
                  entropy_lambda: float = 0.01, reinforce_lambda: float = 1.0,
-                 expected_alpha_prob: float = 0.5, baseline_decay: float = 0.9,
+                 expected_alpha_prob: float = 0.5, expected_alpha_warmup: int = 0,
+                 baseline_decay: float = 0.9, reinforce_credit: str = "sequence",
                  hard_inference: str = "expected", seed: int | None = None,
                  annotation_gradients: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -144,6 +157,11 @@ class ShowAttendTell(keras.Model):
         self.reinforce_lambda = float(reinforce_lambda)
         self.expected_alpha_prob = float(expected_alpha_prob)
         self.baseline_decay = float(baseline_decay)
+        self.expected_alpha_warmup = int(expected_alpha_warmup)
+        if reinforce_credit not in REINFORCE_CREDITS:
+            raise ValueError(f"reinforce_credit must be one of {REINFORCE_CREDITS}, "
+                             f"got {reinforce_credit!r}")
+        self.reinforce_credit = reinforce_credit
         self.hard_inference = hard_inference
         self.seed = seed
         self.annotation_gradients = bool(annotation_gradients)
@@ -217,6 +235,11 @@ class ShowAttendTell(keras.Model):
             self.baseline_updates = self.add_weight(
                 shape=(), initializer="zeros", dtype="float32", trainable=False,
                 autocast=False, aggregation="mean", name="baseline_updates")
+            # Training minibatches seen (for `expected_alpha_warmup`); mean-aggregated
+            # like the baseline, so every replica counts the same.
+            self.hard_training_steps = self.add_weight(
+                shape=(), initializer="zeros", dtype="float32", trainable=False,
+                autocast=False, aggregation="mean", name="hard_training_steps")
         self._annotation_dim = dim
         self.built = True
 
@@ -458,7 +481,8 @@ class ShowAttendTell(keras.Model):
         the mean of their updates.
 
         Args:
-          mean_reward: scalar mean of `log p(y | s, a)` over the minibatch.
+          mean_reward: scalar mean reward over the minibatch: of `log p(y | s, a)`
+            per caption, or of `log p(y_t)` per word with `reinforce_credit="token"`.
           skip: optional scalar bool; when true nothing changes (minibatches
             trained with the expected alpha do not estimate the sampled reward).
         """
@@ -510,7 +534,9 @@ class ShowAttendTell(keras.Model):
         Returns:
           dict of float32 tensors: scalars `loss`, `nll`, `attention_penalty`,
           `attention_entropy` (mean per real step, nats), `num_tokens`; for
-          hard attention also `reward` (mean `log p(y|s,a)` per caption),
+          hard attention also `reward` (mean `log p(y|s,a)` per caption, or
+          per word with `reinforce_credit="token"`), `sample_log_prob` (batch, T)
+          `log alpha_{t, s_t}` of each step's sampled region,
           `baseline` (the value used), `reinforce_term`, `used_expected_alpha`
           (1.0 or 0.0); per example (batch,): `example_nll` (sum over
           tokens), `example_tokens`, `example_penalty`; and the forward
@@ -522,13 +548,18 @@ class ShowAttendTell(keras.Model):
         if self._hard and training:
             used_expected = keras.random.uniform(
                 (), seed=self.expected_alpha_seed) < self.expected_alpha_prob
+            if self.expected_alpha_warmup > 0:
+                used_expected = ops.logical_or(
+                    used_expected, self.hard_training_steps < float(self.expected_alpha_warmup))
+            self.hard_training_steps.assign(self.hard_training_steps + 1.0)
         out = self._forward(annotations, inputs, mask, training=training,
                             use_expected=used_expected)
         steps = losses.step_mask(targets)                               # (batch, T)
         example_tokens = ops.sum(steps, axis=1)
         num_tokens = ops.sum(example_tokens)
         denominator = ops.maximum(num_tokens, 1.0)
-        example_nll = ops.sum(losses.masked_nll(out["logits"], targets), axis=1)
+        token_nll = losses.masked_nll(out["logits"], targets)          # (batch, T)
+        example_nll = ops.sum(token_nll, axis=1)
         nll = ops.sum(example_nll) / denominator
         example_penalty = losses.doubly_stochastic_penalty(
             out["alpha"], steps, self.doubly_stochastic_lambda)
@@ -542,15 +573,23 @@ class ShowAttendTell(keras.Model):
                  "example_penalty": example_penalty,
                  "logits": out["logits"], "alpha": out["alpha"]}
         if self._hard:
-            reward = -example_nll                                       # log p(y|s,a), (batch,)
-            mean_reward = ops.mean(reward)
+            if self.reinforce_credit == "token":
+                reward = -token_nll                                     # log p(y_t|...), (batch, T)
+                mean_reward = ops.sum(reward) / denominator
+            else:
+                reward = -example_nll                                   # log p(y|s,a), (batch,)
+                mean_reward = ops.mean(reward)
             baseline = ops.where(self.baseline_updates > 0,
                                  ops.convert_to_tensor(self.reinforce_baseline), mean_reward)
             if training:
                 used = ops.cast(used_expected, "float32")
-                sample_log_prob = ops.sum(out["sample_log_prob"] * steps, axis=1)
-                surrogate = losses.reinforce_surrogate(
-                    reward, baseline, sample_log_prob, self.reinforce_lambda)
+                if self.reinforce_credit == "token":
+                    surrogate = losses.reinforce_surrogate(
+                        reward, baseline, out["sample_log_prob"], self.reinforce_lambda) * steps
+                else:
+                    sample_log_prob = ops.sum(out["sample_log_prob"] * steps, axis=1)
+                    surrogate = losses.reinforce_surrogate(
+                        reward, baseline, sample_log_prob, self.reinforce_lambda)
                 reinforce_term = (1.0 - used) * ops.sum(surrogate) / denominator
             else:
                 used = ops.convert_to_tensor(
@@ -558,7 +597,8 @@ class ShowAttendTell(keras.Model):
                 reinforce_term = ops.zeros((), "float32")
             loss = loss + reinforce_term - self.entropy_lambda * attention_entropy
             terms.update({"reward": mean_reward, "baseline": baseline,
-                          "reinforce_term": reinforce_term, "used_expected_alpha": used})
+                          "reinforce_term": reinforce_term, "used_expected_alpha": used,
+                          "sample_log_prob": out["sample_log_prob"]})
             if training and update_baseline:
                 self.update_baseline(mean_reward, skip=used_expected)
         if global_batch_size is not None:
@@ -598,6 +638,8 @@ class ShowAttendTell(keras.Model):
             "doubly_stochastic_lambda": self.doubly_stochastic_lambda,
             "entropy_lambda": self.entropy_lambda, "reinforce_lambda": self.reinforce_lambda,
             "expected_alpha_prob": self.expected_alpha_prob,
+            "expected_alpha_warmup": self.expected_alpha_warmup,
+            "reinforce_credit": self.reinforce_credit,
             "baseline_decay": self.baseline_decay, "hard_inference": self.hard_inference,
             "seed": self.seed, "annotation_gradients": self.annotation_gradients,
         })

@@ -91,7 +91,9 @@ class ModelConfig:
     entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
     reinforce_lambda: float = 1.0      # hard attention lambda_r
     expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
+    expected_alpha_warmup: int = 0     # hard: first N minibatches use expected alpha (no sampling)
     baseline_decay: float = 0.9        # hard: REINFORCE moving-average baseline decay
+    reinforce_credit: str = "sequence"  # hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))
     hard_inference: str = "expected"   # expected | argmax
 
 

@@ -266,7 +266,10 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     import keras
     epochs = 4 if attention == "soft" else 5
     metric = "bleu4" if attention == "hard" else "val_loss"
-    config = _config(model=ModelConfig(**{**vars(TINY_MODEL), "attention": attention}),
+    # Hard: 2 epochs (8 steps) of expected-alpha warmup, which are not best-model candidates.
+    warmup = 8 if attention == "hard" else 0
+    config = _config(model=ModelConfig(**{**vars(TINY_MODEL), "attention": attention,
+                                          "expected_alpha_warmup": warmup}),
                      epochs=epochs, early_stopping_metric=metric, lr_schedule="cosine",
                      warmup_steps=2, bucket_by_length=attention == "hard")
     ctx = _ctx(source, str(tmp_path), config)
@@ -279,7 +282,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     assert props["steps"] == 4 * epochs and props["examples_seen"] == 32 * epochs
     assert props["attention"] == attention and props["vocab_size"] == 18
     assert props["grid_shape"] == [3, 3, 8] and props["wall_seconds"] > 0
-    assert props["best_metric_name"] == metric and 0 <= props["best_epoch"] < epochs
+    assert props["best_metric_name"] == metric and warmup // 4 <= props["best_epoch"] < epochs
     history = props["history"]
     assert [row["epoch"] for row in history] == list(range(epochs))
     assert history[-1]["val_loss"] < history[0]["val_loss"]
@@ -305,6 +308,8 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
         baseline = [v for _, v in events["train/baseline"]]
         assert any(v != 0.0 for v in baseline)
         assert props["baseline"] == pytest.approx(model.reinforce_baseline.numpy())
+        assert all(v == 1.0 for step, v in events["train/used_expected_alpha"] if step <= warmup)
+        assert model.hard_training_steps.numpy() == 4 * epochs
         assert "val/bleu4" in events
     else:
         assert "train/baseline" not in events

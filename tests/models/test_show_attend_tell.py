@@ -5,7 +5,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras import ops
 
+from models import losses
 from models.decoding import greedy_decode
 from models.show_attend_tell import ShowAttendTell
 from pipeline.config import ModelConfig
@@ -52,9 +54,9 @@ def test_exact_weight_counts(attention, use_gate):
     got = {w.path.split("/", 1)[1]: tuple(w.shape) for w in model.trainable_weights}
     assert got == want
     assert model.count_params() == sum(np.prod(s) for s in want.values()) + (
-        2 if attention == "hard" else 0)
+        3 if attention == "hard" else 0)
     non_trainable = sorted(w.path.split("/", 1)[1] for w in model.non_trainable_weights)
-    assert non_trainable == (["baseline_updates", "reinforce_baseline"]
+    assert non_trainable == (["baseline_updates", "hard_training_steps", "reinforce_baseline"]
                              if attention == "hard" else [])
 
 
@@ -169,6 +171,37 @@ def test_hard_loss_terms_and_baseline_updates():
     evaluation = model.compute_loss_terms(annotations(), CAPTIONS, training=False)
     assert float(model.baseline_updates.numpy()) == 2.0
     assert float(evaluation["reinforce_term"]) == 0.0
+
+
+def test_hard_token_credit_rewards_each_step_with_its_word():
+    model = make_model("hard", expected_alpha_prob=0.0, entropy_lambda=0.0,
+                       reinforce_credit="token")
+    terms = model.compute_loss_terms(annotations(), CAPTIONS)
+    steps = (np.asarray(CAPTIONS)[:, 1:] != 0).astype(np.float32)
+    token_nll = np.asarray(ops.convert_to_numpy(
+        losses.masked_nll(terms["logits"], np.asarray(CAPTIONS)[:, 1:])))
+    # The reward is the mean per-word log-likelihood; the first baseline equals it.
+    np.testing.assert_allclose(terms["reward"], -token_nll.sum() / steps.sum(), rtol=1e-5)
+    np.testing.assert_allclose(terms["reward"], -float(terms["nll"]), rtol=1e-5)
+    baseline = float(terms["baseline"])
+    log_prob = np.asarray(terms["sample_log_prob"])
+    want = -(((-token_nll - baseline) * log_prob) * steps).sum() / steps.sum()
+    np.testing.assert_allclose(terms["reinforce_term"], want, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="reinforce_credit"):
+        make_model("hard", reinforce_credit="episode")
+
+
+def test_hard_expected_alpha_warmup_then_samples():
+    model = make_model("hard", expected_alpha_prob=0.0, expected_alpha_warmup=2)
+    used = [float(model.compute_loss_terms(annotations(), CAPTIONS)["used_expected_alpha"])
+            for _ in range(4)]
+    assert used == [1.0, 1.0, 0.0, 0.0]
+    assert float(model.hard_training_steps.numpy()) == 4.0
+    model.compute_loss_terms(annotations(), CAPTIONS, training=False)   # not counted
+    assert float(model.hard_training_steps.numpy()) == 4.0
+    # Warmup minibatches do not move the baseline (they do not sample).
+    assert float(model.baseline_updates.numpy()) == 2.0
+    assert ShowAttendTell.from_config(model.get_config()).expected_alpha_warmup == 2
 
 
 @pytest.mark.parametrize("attention,expected_alpha_prob", [("soft", 0.5), ("hard", 0.0),
