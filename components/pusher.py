@@ -6,9 +6,16 @@ published with one atomic rename, so a polling server never sees half a
 model. Old versions beyond `push.keep_versions` are first renamed out of the
 way, then deleted. `models.config` and `batching_parameters.txt` for
 `tensorflow_model_server` are rewritten atomically too.
+
+Each version records what it was exported from (`assets.extra/captioner_push.json`,
+which TF Serving ignores). When the newest version already holds the same
+model, vocabulary and export settings (a Pusher killed after publishing it,
+before the runner published its artifact), a re-run reuses it instead of
+pushing a duplicate version.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -16,6 +23,7 @@ import time
 
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
+PUSH_RECORD = os.path.join("assets.extra", "captioner_push.json")
 
 
 def existing_versions(model_dir: str) -> list[int]:
@@ -61,6 +69,22 @@ def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int,
             "pad_variable_length_inputs: true\n")
 
 
+def remove_leftovers(model_dir: str) -> None:
+    """Removes the hidden folders a killed push left behind (`.tmp-*`, `.deleting-*`)."""
+    for entry in os.listdir(model_dir):
+        if entry.startswith((".tmp-", ".deleting-")):
+            shutil.rmtree(os.path.join(model_dir, entry), ignore_errors=True)
+
+
+def pushed_from(version_dir: str) -> dict | None:
+    """What a version was exported from (its `PUSH_RECORD`), or None."""
+    try:
+        with open(os.path.join(version_dir, PUSH_RECORD), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str]:
     """Builds a new version with `build(tmp_path)` and publishes it atomically.
 
@@ -72,9 +96,7 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
       (version, path).
     """
     os.makedirs(model_dir, exist_ok=True)
-    for entry in os.listdir(model_dir):  # leftovers of a killed push
-        if entry.startswith((".tmp-", ".deleting-")):
-            shutil.rmtree(os.path.join(model_dir, entry), ignore_errors=True)
+    remove_leftovers(model_dir)
     version = max(existing_versions(model_dir), default=0) + 1
     tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
     build(tmp)
@@ -92,6 +114,27 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     return version, final
 
 
+def _export(ctx, path: str, record: dict) -> None:
+    """Writes the SavedModel version folder `path` and its `PUSH_RECORD`."""
+    import keras
+    import models.encoder  # noqa: F401  (registers the custom layers)
+    import models.show_attend_tell  # noqa: F401
+    from serving.export import export_saved_model, load_vocabulary
+    cfg = ctx.config.push
+    model_file = ctx.inputs["model"].path("best.keras")
+    if not os.path.exists(model_file):
+        model_file = ctx.inputs["model"].path("model.keras")
+    decoder = keras.saving.load_model(model_file)
+    encoder = keras.saving.load_model(ctx.inputs["encoder"].path("encoder.keras"))
+    vocabulary = load_vocabulary(ctx.inputs["vocabulary"].path("vocab.txt"))
+    export_saved_model(path, encoder, decoder, vocabulary, beam_size=cfg.beam_size,
+                       max_length=cfg.max_length, model_name=cfg.model_name,
+                       num_warmup_requests=cfg.num_warmup_requests)
+    os.makedirs(os.path.dirname(os.path.join(path, PUSH_RECORD)), exist_ok=True)
+    with open(os.path.join(path, PUSH_RECORD), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+
+
 def run(ctx) -> dict:
     """Pushes the model if the Blessing says so; otherwise pushes nothing and says why."""
     cfg = ctx.config.push
@@ -102,27 +145,24 @@ def run(ctx) -> dict:
         log("[Pusher] model NOT blessed, nothing pushed: " + "; ".join(reasons))
         return {"pushed_model": {"counts": {"pushed": 0},
                                  "properties": {"pushed": False, "reasons": reasons}}}
-    import keras
-    import models.encoder  # noqa: F401  (registers the custom layers)
-    import models.show_attend_tell  # noqa: F401
-    from serving.export import export_saved_model, load_vocabulary
     serving_dir = os.path.abspath(cfg.serving_dir or os.path.join(ctx.root, "serving"))
     model_dir = os.path.join(serving_dir, cfg.model_name)
     model_art = ctx.inputs["model"]
-    model_file = model_art.path("best.keras")
-    if not os.path.exists(model_file):
-        model_file = model_art.path("model.keras")
-    decoder = keras.saving.load_model(model_file)
-    encoder = keras.saving.load_model(ctx.inputs["encoder"].path("encoder.keras"))
-    vocabulary = load_vocabulary(ctx.inputs["vocabulary"].path("vocab.txt"))
+    record = {"model": model_art.fingerprint, "encoder": ctx.inputs["encoder"].fingerprint,
+              "vocabulary": ctx.inputs["vocabulary"].fingerprint,
+              "export": {"beam_size": cfg.beam_size, "max_length": cfg.max_length,
+                         "model_name": cfg.model_name,
+                         "num_warmup_requests": cfg.num_warmup_requests}}
     start = time.time()
-    version, path = publish_version(
-        model_dir,
-        lambda tmp: export_saved_model(tmp, encoder, decoder, vocabulary,
-                                       beam_size=cfg.beam_size, max_length=cfg.max_length,
-                                       model_name=cfg.model_name,
-                                       num_warmup_requests=cfg.num_warmup_requests),
-        cfg.keep_versions)
+    newest = existing_versions(model_dir)[-1:]
+    if newest and pushed_from(os.path.join(model_dir, str(newest[0]))) == record:
+        version, path = newest[0], os.path.join(model_dir, str(newest[0]))
+        remove_leftovers(model_dir)
+        log(f"[Pusher] version {version} already holds this model (pushed by an interrupted "
+            "run): not pushing it again")
+    else:
+        version, path = publish_version(model_dir, lambda tmp: _export(ctx, tmp, record),
+                                        cfg.keep_versions)
     names = sorted(e for e in os.listdir(serving_dir)
                    if os.path.isdir(os.path.join(serving_dir, e)) and not e.startswith("."))
     _atomic_write(os.path.join(serving_dir, MODELS_CONFIG), models_config_text(serving_dir, names))

@@ -1,11 +1,13 @@
 """The local runner: executes stages in order with caching, lineage and atomic publishing."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import time
 import traceback
@@ -108,8 +110,55 @@ def _check_writable(root: str) -> None:
             os.fsync(f.fileno())
         os.remove(probe)
     except OSError as e:
+        advice = ("choose a writable --root" if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                  else "choose another --root or free some space")
         raise StageError(f"pipeline root {root!r} is not writable ({e.strerror}): "
-                         "choose another --root or free some space") from None
+                         f"{advice}") from None
+
+
+_DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system"}
+# The same errors after a library turned them into text (TensorFlow, Beam, SQLite).
+_DISK_TEXTS = (("No space left on device", errno.ENOSPC),
+               ("database or disk is full", errno.ENOSPC),
+               ("Disk quota exceeded", errno.EDQUOT), ("Read-only file system", errno.EROFS),
+               ("attempt to write a readonly database", errno.EROFS))
+
+
+def disk_error(exc: BaseException | None) -> tuple[int, str | None] | None:
+    """(errno, path or None) when `exc`, or an exception it chains, is a full or read-only disk."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS:
+            return exc.errno, exc.filename
+        text = str(exc)
+        for marker, code in _DISK_TEXTS:
+            at = text.find(marker)
+            if at < 0:
+                continue
+            # "<path>; No space left on device" (TensorFlow) or
+            # "[Errno 28] No space left on device: '<path>'" (an OSError as text).
+            before, after = text[:at].rstrip(), text[at + len(marker):]
+            path = None
+            if before.endswith(";"):
+                path = (before[:-1].splitlines() or [""])[-1].strip()
+            elif after.startswith(": '") and "'" in after[3:]:
+                path = after[3:after.index("'", 3)]
+            return code, (path if path and os.path.isabs(path) else None)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _disk_error_message(stage: str | None, error: tuple[int, str | None], root: str) -> str:
+    code, path = error
+    where = f" while writing {path}" if path else ""
+    what = f"{stage} failed" if stage else "the pipeline failed"
+    if code == errno.EROFS:
+        advice = "choose a writable --root"
+    else:
+        advice = "free some space on that disk or choose another --root"
+    return f"{what}: {_DISK_ERRNOS[code]}{where} (pipeline root {root!r}); {advice}"
 
 
 class Runner:
@@ -149,6 +198,7 @@ class Runner:
                 raise StageError(f"unknown stage {name!r}; stages: {', '.join(self.specs)}")
         _check_writable(self.root)
         store = MetadataStore(os.path.join(self.root, "metadata.sqlite"))
+        current = None  # the stage being resolved or run
         try:
             abandoned = store.abandon_running()
             if abandoned:
@@ -162,6 +212,7 @@ class Runner:
             for spec in self.stages:
                 if spec.name not in needed:
                     continue
+                current = spec.name
                 inputs = {}
                 for in_name, (up_stage, up_art) in spec.inputs.items():
                     inputs[in_name] = produced[up_stage][up_art]
@@ -183,9 +234,16 @@ class Runner:
                             summary["metrics"] = dict(art.properties.get("metrics", {}))
                         elif art.type == "Blessing":
                             summary["blessed"] = bool(art.properties.get("blessed"))
+            current = None
             summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             self._write_summary(summary)
             return summary
+        except Exception as e:
+            # A full or read-only disk: one line that says where and what to do.
+            error = None if isinstance(e, StageError) else disk_error(e)
+            if error is None:
+                raise
+            raise StageError(_disk_error_message(current, error, self.root)) from e
         finally:
             store.close()
 
@@ -288,9 +346,15 @@ class Runner:
             fsync_tree(tmp_dir)
             os.replace(tmp_dir, final_dir)  # the atomic publish
         except BaseException as e:
-            store.finish_execution(execution_id, "failed",
-                                   error="".join(traceback.format_exception_only(type(e), e)))
+            # The unpublished folder goes first: on a full disk, that frees the
+            # space the metadata store needs to record the failure.
             shutil.rmtree(tmp_dir, ignore_errors=True)
+            try:
+                store.finish_execution(execution_id, "failed",
+                                       error="".join(traceback.format_exception_only(type(e), e)))
+            except sqlite3.Error as db_error:  # the original error matters more
+                self.log(f"[runner] could not record execution {execution_id} as failed: "
+                         f"{db_error}")
             raise
         arts = {}
         for name, typ in spec.outputs.items():

@@ -29,10 +29,14 @@ class Predictor:
 
     Args:
       manager: the model table.
+      max_tensor_elements: request tensors whose shape has more elements are
+        refused (INVALID_ARGUMENT) before anything is allocated; None: no limit.
     """
 
-    def __init__(self, manager: Optional[ModelManager] = None):
+    def __init__(self, manager: Optional[ModelManager] = None,
+                 max_tensor_elements: Optional[int] = None):
         self.manager = manager
+        self.max_tensor_elements = max_tensor_elements
 
     def resolve(self, spec: model_pb2.ModelSpec) -> Servable:
         """The servable a ModelSpec names (NOT_FOUND / INVALID_ARGUMENT)."""
@@ -49,7 +53,8 @@ class Predictor:
                    servable: Servable) -> predict_pb2.PredictResponse:
         """Predict on a given servable (also the warmup replay path)."""
         signature = servable.signature(request.model_spec.signature_name)
-        inputs = self.parse_inputs(servable, signature, request.inputs)
+        inputs = self.parse_inputs(servable, signature, request.inputs,
+                                   max_elements=self.max_tensor_elements)
         aliases = output_aliases(signature, request.output_filter)
         outputs = self.run(servable, signature, inputs)
         response = predict_pb2.PredictResponse()
@@ -61,7 +66,8 @@ class Predictor:
         return response
 
     @staticmethod
-    def parse_inputs(servable: Servable, signature: Signature, protos) -> Arrays:
+    def parse_inputs(servable: Servable, signature: Signature, protos,
+                     max_elements: Optional[int] = None) -> Arrays:
         """TensorProtos -> arrays, checked against the signature."""
         expected = signature.inputs
         servable.check_input_names(signature, protos)
@@ -73,7 +79,7 @@ class Predictor:
                 raise invalid_argument(f"Expects arg[{index}] to be {expected[alias].dtype.name} "
                                        f"but {short_dtype_name(proto.dtype)} is provided")
             try:
-                arrays[alias] = tensor_proto_to_ndarray(proto)
+                arrays[alias] = tensor_proto_to_ndarray(proto, max_elements)
             except TensorParseError as e:
                 raise invalid_argument(f"tensor parsing error: {alias} ({e})") from None
         return arrays
@@ -82,6 +88,12 @@ class Predictor:
     def run(servable: Servable, signature: Signature, inputs: Arrays) -> Arrays:
         """Checks shapes and images, then runs (batched when configured)."""
         servable.check_inputs(signature, inputs)
+        # An empty batch is a client bug (REST's `"instances": []` is refused
+        # too); TF Serving's gRPC API would run the model on zero rows.
+        for alias, array in sorted(inputs.items()):
+            if array.ndim >= 1 and array.shape[0] == 0:
+                raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
+                                       f"(shape {list(array.shape)}); send at least one")
         return servable.run(signature, inputs)
 
     # -- metadata and status -------------------------------------------------

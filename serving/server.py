@@ -56,15 +56,34 @@ MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].fu
 _DEFAULTS = ServeConfig()
 
 
+# Status details travel percent-encoded in the trailers, and gRPC clients
+# refuse trailers over 8 KiB (by default) with RESOURCE_EXHAUSTED instead of
+# the real status: details that echo a long request field are cut to fit.
+MAX_DETAILS_BYTES = 4096
+
+
+def _details(message: str) -> str:
+    """`message`, cut so that its percent-encoded form fits MAX_DETAILS_BYTES."""
+    size = 0
+    for i, char in enumerate(message):
+        if " " <= char <= "~" and char != "%":
+            size += 1
+        else:  # each UTF-8 byte becomes %XX
+            size += 3 * len(char.encode("utf-8", "surrogatepass"))
+        if size > MAX_DETAILS_BYTES - 64:  # room for the note
+            return f"{message[:i]}... ({len(message) - i} more characters)"
+    return message
+
+
 def _handle(context: grpc.ServicerContext, fn, request):
     """Runs one RPC; every failure becomes a status code, never a crash."""
     try:
         return fn(request)
     except ServingError as e:
-        context.abort(e.code, e.message)
+        context.abort(e.code, _details(e.message))
     except Exception as e:
         log.exception("unexpected error")
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(e).__name__}: {e}"))
 
 
 def _unimplemented(context: grpc.ServicerContext, what: str):
@@ -156,7 +175,11 @@ class ModelServer:
         self.max_request_bytes = max_request_bytes
         self.max_image_pixels = max_image_pixels
         self.max_threads = max_threads
-        self.predictor = Predictor()
+        # Every tensor element a request spells out costs at least one byte,
+        # so only TF's padding rule (a few values, any shape) gives more
+        # elements than max_request_bytes: bound what it can make us allocate.
+        self.predictor = Predictor(
+            max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None)
         self.manager: Optional[ModelManager] = None
         self.health = health.HealthServicer()
         self.grpc_port: Optional[int] = None

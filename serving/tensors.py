@@ -8,10 +8,17 @@ value, because TF Serving answers with the repeated fields by default.
 """
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 DT_STRING = types_pb2.DT_STRING
+# numpy's limits: 64 dimensions, and a byte size (zero dimensions left out,
+# 16-byte items at most) that fits in an int64.
+_MAX_RANK = 64
+_MAX_EXTENT = (2 ** 63 - 1) // 16
 
 # dtype enum -> (numpy dtype, repeated field for values when not tensor_content)
 _DTYPES = {
@@ -97,12 +104,19 @@ def _as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto) -> np.ndarray:
+def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
+                            max_elements: Optional[int] = None) -> np.ndarray:
     """Reads a TensorProto into a numpy array (strings: object array of bytes).
 
+    Args:
+      proto: the tensor.
+      max_elements: refuse shapes with more elements than this (None: no
+        limit). The padding rule lets a few bytes claim any shape, so a
+        server bounds what one small request can make it allocate.
     Raises:
-      TensorParseError: unknown rank, negative sizes, or values that do not
-        match the shape (what TF's `Tensor::FromProto` rejects).
+      TensorParseError: unknown rank, negative sizes, shapes too large to
+        allocate or over `max_elements`, or values that do not match the
+        shape (what TF's `Tensor::FromProto` rejects).
     """
     shape_proto = proto.tensor_shape
     if shape_proto.unknown_rank:
@@ -110,7 +124,15 @@ def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto) -> np.ndarray:
     shape = tuple(int(d.size) for d in shape_proto.dim)
     if any(d < 0 for d in shape):
         raise TensorParseError(f"tensor shape {list(shape)} has a negative size")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(shape) > _MAX_RANK:
+        raise TensorParseError(f"tensor rank {len(shape)} exceeds {_MAX_RANK}")
+    # Python ints: an int64 product would wrap around.
+    if math.prod(d for d in shape if d) > _MAX_EXTENT:
+        raise TensorParseError(f"tensor shape {list(shape)} is too large")
+    n = math.prod(shape)
+    if max_elements is not None and n > max_elements:
+        raise TensorParseError(f"tensor shape {list(shape)} has {n} elements, more than the "
+                               f"limit of {max_elements}")
     if proto.dtype == DT_STRING:
         values = list(proto.string_val)
         if proto.tensor_content:

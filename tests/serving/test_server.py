@@ -218,6 +218,8 @@ FAULTS = {
                       grpc.StatusCode.INVALID_ARGUMENT, "version label"),
     "unknown signature": (lambda: predict_request([solid_image(RED)], signature="nope"),
                           grpc.StatusCode.FAILED_PRECONDITION, 'signature key "nope"'),
+    "empty batch": (lambda: predict_request([]), grpc.StatusCode.INVALID_ARGUMENT,
+                    "empty batch: input 'image_bytes' has 0 rows"),
     "missing input": (lambda: predict_request(), grpc.StatusCode.INVALID_ARGUMENT,
                       "Missing but required: {image_bytes}"),
     "extra input": (_extra_input, grpc.StatusCode.INVALID_ARGUMENT, "Sent extra: {extra}"),
