@@ -22,8 +22,16 @@ def get_config() -> PipelineConfig:
         # stochastic penalty (minimum (L - T)^2 / L ~ 30 at uniform attention)
         # dominate the loss and spread attention over the empty background:
         # relation_accuracy 0.64 vs 0.78 at 0.01 (12 epochs, same data).
+        # Hard attention (`--set model.attention=hard`; ignored by soft): sampling
+        # from the near-uniform alpha of a fresh model feeds the LSTM background
+        # regions and attention never sharpens (Bleu_4 0.81, grounding 0.65), so
+        # the first 6 of 18 epochs use the expected alpha; each sample is then
+        # credited with its own word's log-likelihood (Bleu_4 0.91, grounding
+        # 0.97, against 0.85 / 0.94 with the paper's whole-caption reward).
         model=ModelConfig(attention="soft", embedding_dim=64, hidden_dim=256,
-                          attention_dim=128, dropout=0.1, doubly_stochastic_lambda=0.01),
+                          attention_dim=128, dropout=0.1, doubly_stochastic_lambda=0.01,
+                          expected_alpha_warmup=672, reinforce_credit="token",
+                          entropy_lambda=0.0),
         train=TrainConfig(batch_size=64, epochs=18, learning_rate=2e-3, lr_schedule="cosine",
                           checkpoint_every=200, val_examples=256, patience=3),
         eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
