@@ -5,6 +5,7 @@ import glob
 import io
 import json
 import os
+import re
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -100,7 +101,10 @@ def inspect_image(data: bytes, max_pixels: int = 0) -> tuple[str, int, int]:
     except ValueError:
         raise
     except Exception as e:  # PIL raises many types for corrupt data
-        raise ValueError(f"undecodable image: {type(e).__name__}: {e}") from None
+        # PIL names the stream object ("<_io.BytesIO object at 0x7f..>"): drop the
+        # address so that the same bad file gives the same reason in every run.
+        message = re.sub(r" at 0x[0-9a-fA-F]+>", ">", str(e))
+        raise ValueError(f"undecodable image: {type(e).__name__}: {message}") from None
     return fmt, height, width
 
 

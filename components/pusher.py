@@ -69,9 +69,27 @@ def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int,
             "pad_variable_length_inputs: true\n")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 def remove_leftovers(model_dir: str) -> None:
-    """Removes the hidden folders a killed push left behind (`.tmp-*`, `.deleting-*`)."""
+    """Removes the hidden folders a killed push left behind (`.tmp-*`, `.deleting-*`).
+
+    A `.tmp-<version>-<pid>` folder whose pid is another live process on this
+    machine is a concurrent push in progress, and is left alone.
+    """
     for entry in os.listdir(model_dir):
+        if entry.startswith(".tmp-"):
+            pid = entry.rsplit("-", 1)[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+                continue
         if entry.startswith((".tmp-", ".deleting-")):
             shutil.rmtree(os.path.join(model_dir, entry), ignore_errors=True)
 

@@ -204,3 +204,14 @@ def test_max_images_limits_accepted_images(tmp_path):
     raws = [RawExample(f"img{i}", image_bytes=_image_bytes(), captions=("c",)) for i in range(10)]
     counts = example_gen.write_examples(iter(raws), str(tmp_path), DataConfig(max_images=4))
     assert counts["accepted"] == counts["seen"] == 4
+
+
+def test_undecodable_image_reason_is_the_same_in_every_run():
+    from components.io_utils import inspect_image
+    reasons = set()
+    for _ in range(2):
+        with pytest.raises(ValueError) as info:
+            inspect_image(b"not an image at all")
+        reasons.add(str(info.value))
+    reason, = reasons
+    assert reason.startswith("undecodable image: UnidentifiedImageError") and "0x" not in reason

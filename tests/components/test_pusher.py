@@ -54,10 +54,30 @@ def test_a_polling_reader_never_sees_a_partial_version(tmp_path):
 
 
 def test_leftovers_of_a_killed_push_are_cleaned(tmp_path):
+    import subprocess
+    import sys
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
     model_dir = tmp_path / "captioner"
-    (model_dir / ".tmp-1-999" / "variables").mkdir(parents=True)
+    (model_dir / f".tmp-1-{dead.pid}" / "variables").mkdir(parents=True)
+    (model_dir / ".deleting-3").mkdir()
     version, path = pusher.publish_version(str(model_dir), _slow_build, keep_versions=3)
     assert version == 1 and os.listdir(model_dir) == ["1"]
+
+
+def test_a_concurrent_push_in_progress_is_left_alone(tmp_path):
+    import subprocess
+    import sys
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        model_dir = tmp_path / "captioner"
+        busy = model_dir / f".tmp-1-{other.pid}"
+        (busy / "variables").mkdir(parents=True)
+        version, _ = pusher.publish_version(str(model_dir), _slow_build, keep_versions=3)
+        assert version == 1 and busy.is_dir()
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_models_config_and_batching_parameters_parse(tmp_path):
