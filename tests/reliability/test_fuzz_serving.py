@@ -65,7 +65,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
 from serving.image_headers import ImageHeaderError, check_pixels
 from serving.tensors import ndarray_to_tensor_proto, short_dtype_name
 from tests.serving.conftest import BLUE, GREEN, RED
-from tests.serving.fixtures import expected_caption, publish_version, solid_image
+from tests.serving.fixtures import b64, expected_caption, publish_version, solid_image
 from tests.serving.test_server import png_header, predict_request
 
 MAX_REQUEST_BYTES = 256 * 1024
@@ -867,10 +867,6 @@ class RestCase:
 
 
 PREDICT = "/v1/models/captioner:predict"
-
-
-def b64(data: bytes) -> dict:
-    return {"b64": base64.b64encode(data).decode()}
 
 
 def body_case(category: str, doc, status: int, text, path: str = PREDICT) -> RestCase:

@@ -13,8 +13,6 @@ import json
 import os
 import shutil
 import socket
-import urllib.error
-import urllib.request
 from urllib.parse import quote
 
 import grpc
@@ -29,7 +27,9 @@ from pipeline.config import ServeConfig
 from serving.server import ModelServer, build_parser
 from tests.reliability.test_fuzz_serving import image, png_bomb, request_of_size
 from tests.serving.conftest import RED
-from tests.serving.fixtures import build_fixture_model, expected_caption, publish_version
+from tests.serving.fixtures import (b64, build_fixture_model, expected_caption,
+                                    publish_version)
+from tests.serving.fixtures import rest_call as rest
 from tests.serving.test_server import png_header, predict_request
 
 LOOPBACK = "127.0.0.1"
@@ -50,21 +50,6 @@ def other_addresses():
     """This machine's non-loopback IPv4 addresses."""
     return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
             if a.family == socket.AF_INET and not a.address.startswith("127.")]
-
-
-def rest(url: str, path: str, body=None, method=None):
-    data = json.dumps(body).encode() if isinstance(body, dict) else body
-    request = urllib.request.Request(url + path, data=data, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def b64(data: bytes) -> dict:
-    import base64
-    return {"b64": base64.b64encode(data).decode()}
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,13 @@ the model has seen (warmup replay tests read it).
 """
 from __future__ import annotations
 
+import base64
 import io
+import json
 import os
 import shutil
+import urllib.error
+import urllib.request
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -193,3 +197,24 @@ def expected_caption(rgb: tuple[int, int, int], noun: str = "image") -> str:
     color = COLORS[int(np.argmax(rgb))]
     bright = "bright" if np.mean(rgb) > 127.5 else "dark"
     return f"a {bright} {color} {noun}"
+
+
+def rest_call(url: str, path: str, body=None, raw: bytes | None = None, method=None):
+    """(HTTP status, JSON body) of a REST call to `url + path`.
+
+    `body` is sent as JSON (bytes are sent as they are); `raw` overrides it.
+    """
+    data = raw if raw is not None else (
+        body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None
+        else None)
+    request = urllib.request.Request(url + path, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def b64(data: bytes) -> dict:
+    """The REST API's JSON form of binary data."""
+    return {"b64": base64.b64encode(data).decode()}

@@ -1,12 +1,8 @@
 """The server's gRPC and REST APIs: captions, metadata, status, and every fault's code."""
 from __future__ import annotations
 
-import base64
-import json
 import struct
 import time
-import urllib.error
-import urllib.request
 import zlib
 
 import grpc
@@ -21,7 +17,8 @@ from serving.client import CaptionClient, CaptionError
 from serving.server import ModelServer
 from serving.tensors import ndarray_to_tensor_proto
 from tests.serving.conftest import BLUE, GREEN, RED
-from tests.serving.fixtures import expected_caption, publish_version, solid_image
+from tests.serving.fixtures import (b64, expected_caption, publish_version, rest_call,
+                                    solid_image)
 
 MAX_REQUEST_BYTES = 1 << 20
 
@@ -68,17 +65,7 @@ def predict_request(images=None, signature="", name="captioner", **spec) -> pred
 
 def rest(server, path, body=None, raw=None):
     """(HTTP status, JSON body) of a REST call."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(server.rest_url + path, data=data)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
-
-
-def b64(data: bytes) -> dict:
-    return {"b64": base64.b64encode(data).decode()}
+    return rest_call(server.rest_url, path, body, raw)
 
 
 # -- gRPC: the happy path -----------------------------------------------------
