@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import sys
 from typing import Iterator
 
@@ -36,25 +35,6 @@ def _load_bytes(raw: RawExample) -> bytes:
         return f.read()
 
 
-# TF's op context in error messages: "{{function_node ..}}", "[Op:..]", "name: ".
-_OP_CONTEXT = re.compile(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*?\]|\bname:\s*$", re.S)
-
-
-def check_tf_decodable(data: bytes) -> None:
-    """Raises ValueError unless TensorFlow's `decode_image` reads the image.
-
-    EncoderTrainer, Preprocess and the serving graph decode with it
-    (`models.image_ops`); PIL reads some images it cannot (1-bit BMPs, say),
-    and one such image would otherwise stop EncoderTrainer.
-    """
-    import tensorflow as tf
-    try:
-        tf.io.decode_image(data, channels=3, expand_animations=False)
-    except (tf.errors.OpError, ValueError) as e:
-        message = " ".join(_OP_CONTEXT.sub("", getattr(e, "message", None) or str(e)).split())
-        raise ValueError(f"undecodable image: TensorFlow: {message[:200]}") from None
-
-
 def validate(raw: RawExample) -> tuple[bytes, str, int, int, list[str]]:
     """Returns (image bytes, format, height, width, captions) or raises ValueError(reason)."""
     if not raw.captions:
@@ -64,7 +44,6 @@ def validate(raw: RawExample) -> tuple[bytes, str, int, int, list[str]]:
         raise ValueError("empty caption")
     data = _load_bytes(raw)
     fmt, height, width = io_utils.inspect_image(data)
-    check_tf_decodable(data)
     return data, fmt, height, width, captions
 
 

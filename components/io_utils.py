@@ -73,7 +73,7 @@ def read_records(files: Iterable[str]) -> Iterator[bytes]:
 
 
 def inspect_image(data: bytes, max_pixels: int = 0) -> tuple[str, int, int]:
-    """Checks that bytes are a decodable JPEG/PNG/BMP/GIF image.
+    """Checks that bytes are a JPEG/PNG/BMP/GIF image that TensorFlow decodes.
 
     Args:
       data: the encoded image.
@@ -97,7 +97,9 @@ def inspect_image(data: bytes, max_pixels: int = 0) -> tuple[str, int, int]:
                 raise ValueError("zero-size image")
             if max_pixels and width * height > max_pixels:
                 raise ValueError(f"image has {width * height} pixels, over the limit {max_pixels}")
-            img.load()  # full decode: catches truncated data
+            # PIL's full decode too: its reasons are clearer ("image file is
+            # truncated" where TensorFlow says "Invalid PNG data").
+            img.load()
     except ValueError:
         raise
     except Exception as e:  # PIL raises many types for corrupt data
@@ -105,7 +107,29 @@ def inspect_image(data: bytes, max_pixels: int = 0) -> tuple[str, int, int]:
         # address so that the same bad file gives the same reason in every run.
         message = re.sub(r" at 0x[0-9a-fA-F]+>", ">", str(e))
         raise ValueError(f"undecodable image: {type(e).__name__}: {message}") from None
+    _check_tf_decodable(data)
     return fmt, height, width
+
+
+# TF's op context in error messages: "{{function_node ..}}", "[Op:..]", "name: ".
+_OP_CONTEXT = re.compile(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:.*?\]|\bname:\s*$", re.S)
+
+
+def _check_tf_decodable(data: bytes) -> None:
+    """The full decode, with TensorFlow's `decode_image` (catches truncated data).
+
+    EncoderTrainer, Preprocess and the serving graph decode with it
+    (`models.image_ops`), so it is the decoder that decides: PIL reads some
+    images it cannot (1-bit BMPs, say), and one such image would stop a
+    later stage. It runs after PIL has checked the header against the pixel
+    limit.
+    """
+    import tensorflow as tf
+    try:
+        tf.io.decode_image(data, channels=3, expand_animations=False)
+    except (tf.errors.OpError, ValueError) as e:
+        message = " ".join(_OP_CONTEXT.sub("", getattr(e, "message", None) or str(e)).split())
+        raise ValueError(f"undecodable image: TensorFlow: {message[:200]}") from None
 
 
 class DeadLetters:
