@@ -11,6 +11,7 @@ from models.soft_attention import SoftAttention
 
 ATTENTIONS = ("soft", "hard")
 REINFORCE_CREDITS = ("sequence", "token")
+REINFORCE_BASELINES = ("moving_average", "expected")
 # Scalar entries of `compute_loss_terms()`, logged by `train_step`/`test_step`.
 SCALAR_TERMS = ("loss", "nll", "attention_penalty", "attention_entropy", "num_tokens",
                 "reward", "baseline", "reinforce_term", "used_expected_alpha")
@@ -92,7 +93,11 @@ class ShowAttendTell(keras.Model):
       attention: `"soft"` or `"hard"`.
       dropout: rate on the deep-output vector.
       use_gate: soft attention only: multiply the context by `beta_t`.
-      doubly_stochastic_lambda: weight of `sum_i (1 - sum_t alpha_ti)^2`.
+      doubly_stochastic_lambda: soft attention only (section 4.2.1): weight of
+        `sum_i (1 - sum_t alpha_ti)^2`. Hard attention's objective (equation
+        12) has no such term, and it would fight what REINFORCE learns: it is
+        smallest when the words' attention covers every region, while a
+        sampling policy that pays off looks at the named objects only.
       entropy_lambda: hard only: `lambda_e`, weight of the entropy bonus.
       reinforce_lambda: hard only: `lambda_r`, weight of the REINFORCE term.
       expected_alpha_prob: hard only: probability per minibatch of training
@@ -109,6 +114,15 @@ class ShowAttendTell(keras.Model):
         gets `log p(y_t | ...)` of the word it helped emit, against a
         baseline of the mean per-word log-likelihood; a lower-variance
         (biased: it ignores the sample's effect on later words) estimate.
+      reinforce_baseline: hard only: what each reward is compared with.
+        `"moving_average"` (the paper): `b <- decay * b + (1 - decay) * mean
+        reward`, one scalar. `"expected"` (needs `reinforce_credit="token"`):
+        step t's own counterfactual, `log p(y_t)` had that step used the
+        expected context `sum_i alpha_ti a_i` from the same `h_{t-1}` (the
+        context the model is evaluated with), with the same dropout mask. The
+        advantage is then how much better the sampled region predicts the
+        word than the blend, so word difficulty no longer adds variance; it
+        costs a second LSTM cell update per step and a second deep output.
       hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
       seed: optional int; seeds the sampler, the dropout and the coin flips.
       annotation_gradients: back-propagate into the annotations (to fine-tune
@@ -137,6 +151,7 @@ class ShowAttendTell(keras.Model):
                  entropy_lambda: float = 0.01, reinforce_lambda: float = 1.0,
                  expected_alpha_prob: float = 0.5, expected_alpha_warmup: int = 0,
                  baseline_decay: float = 0.9, reinforce_credit: str = "sequence",
+                 reinforce_baseline: str = "moving_average",
                  hard_inference: str = "expected", seed: int | None = None,
                  annotation_gradients: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -162,6 +177,14 @@ class ShowAttendTell(keras.Model):
             raise ValueError(f"reinforce_credit must be one of {REINFORCE_CREDITS}, "
                              f"got {reinforce_credit!r}")
         self.reinforce_credit = reinforce_credit
+        if reinforce_baseline not in REINFORCE_BASELINES:
+            raise ValueError(f"reinforce_baseline must be one of {REINFORCE_BASELINES}, "
+                             f"got {reinforce_baseline!r}")
+        if reinforce_baseline == "expected" and reinforce_credit != "token":
+            raise ValueError('reinforce_baseline="expected" is a per-word baseline: it needs '
+                             'reinforce_credit="token"')
+        # (`self.reinforce_baseline` is the moving-average variable.)
+        self.reinforce_baseline_kind = reinforce_baseline
         self.hard_inference = hard_inference
         self.seed = seed
         self.annotation_gradients = bool(annotation_gradients)
@@ -298,11 +321,14 @@ class ShowAttendTell(keras.Model):
         return ops.cast(ops.sigmoid(o) * ops.tanh(c), self.compute_dtype), c
 
     def _step(self, x_t, h, c, annotations, projected, mask, training, use_expected, noise,
-              recurrent=None):
+              recurrent=None, counterfactual=False):
         """One recurrence step from `h_{t-1}, c_{t-1}`; `x_t` is the E y_{t-1} gate part.
 
         `recurrent`: inside the training loop, `(W_z, W_z^T, U, U^T)` for
         `_matmul_without_weight_grad`; None uses the Dense layers.
+        `counterfactual`: hard attention in training: also return what this
+        step would have given with the expected context, `(h_e, z_e)` from
+        the same `h_{t-1}, c_{t-1}` (the `"expected"` reward baseline); else None.
         """
         weights, alpha, beta, sample_log_prob = self._attend(
             h, projected, mask, training, use_expected, noise)
@@ -310,19 +336,39 @@ class ShowAttendTell(keras.Model):
         if beta is not None:
             z = beta * z
         if recurrent is None:
-            gates = x_t + self.lstm_context(z) + self.lstm_recurrent(h)
+            base = x_t + self.lstm_recurrent(h)
+            gates = base + self.lstm_context(z)
         else:
             w_z, w_z_t, u, u_t = recurrent
-            gates = (x_t + _matmul_without_weight_grad(z, w_z, w_z_t)
-                     + _matmul_without_weight_grad(h, u, u_t))
+            base = x_t + _matmul_without_weight_grad(h, u, u_t)
+            gates = base + _matmul_without_weight_grad(z, w_z, w_z_t)
+        expected = None
+        if counterfactual:
+            z_e = tf.stop_gradient(self.attention_layer.weighted_context(alpha, annotations))
+            w_z = self.lstm_context.kernel if recurrent is None else recurrent[0]
+            gates_e = tf.stop_gradient(base) + tf.matmul(z_e, tf.stop_gradient(
+                tf.cast(w_z, self.compute_dtype)))
+            h_e, _ = self._cell(gates_e, tf.stop_gradient(c))
+            expected = (h_e, z_e)
         h, c = self._cell(gates, c)
-        return h, c, z, alpha, beta, sample_log_prob
+        return h, c, z, alpha, beta, sample_log_prob, expected
 
     def _logits(self, embedded, h, z, training=False):
         """Deep output `L_o(E y_{t-1} + L_h h_t + L_z z_t)` (equation 7), float32."""
         deep = embedded + self.output_hidden(h) + self.output_context(z)
         deep = self.output_dropout(deep, training=training)
         return ops.cast(self.output_logits(deep), "float32")
+
+    def _paired_logits(self, embedded, first, second, training):
+        """`_logits` of two `(h, z)` sequences with one dropout mask for both."""
+        deep = ops.stack([embedded + self.output_hidden(h) + self.output_context(z)
+                          for h, z in (first, second)])               # (2, batch, T, m)
+        if training and self.dropout > 0:
+            shape = ops.shape(deep)
+            deep = keras.random.dropout(deep, self.dropout, noise_shape=(1,) + tuple(shape[1:]),
+                                        seed=self.output_dropout.seed_generator)
+        logits = ops.cast(self.output_logits(deep), "float32")
+        return logits[0], logits[1]
 
     def _recurrence(self, x_gates, state, annotations, projected, mask, training,
                     use_expected, noise):
@@ -355,14 +401,20 @@ class ShowAttendTell(keras.Model):
             outputs["beta"] = array(self.compute_dtype)
         if self._hard:
             outputs["sample_log_prob"] = array("float32")
+        counterfactual = self._hard and training and self.reinforce_baseline_kind == "expected"
+        if counterfactual:
+            outputs["h_expected"] = array(self.compute_dtype)
+            outputs["z_expected"] = array(self.compute_dtype)
 
         def body(t, h, c, outputs):
             noise_t = None if noises is None else noises.read(t)
-            h, c, z, alpha, beta, sample_log_prob = self._step(
+            h, c, z, alpha, beta, sample_log_prob, expected = self._step(
                 xs.read(t), h, c, annotations, projected, mask, training, use_expected, noise_t,
-                recurrent)
+                recurrent, counterfactual)
             values = {"h": h, "z": z, "alpha": alpha, "beta": beta,
                       "sample_log_prob": sample_log_prob}
+            if expected is not None:
+                values["h_expected"], values["z_expected"] = expected
             outputs = {k: ta.write(t, values[k]) for k, ta in outputs.items()}
             return t + 1, h, c, outputs
 
@@ -398,7 +450,15 @@ class ShowAttendTell(keras.Model):
                 tf.stack([tf.shape(tokens)[1], shape[0], shape[1]]))    # (T, batch, L)
         rec = self._recurrence(x_gates, state, annotations, projected, mask, training,
                                use_expected, noise)
-        logits = self._logits(embedded, rec["h"], rec["z"], training=training)
+        if "h_expected" in rec:
+            # Both deep outputs share one dropout mask, so that the reward
+            # minus its baseline measures the sampled context alone.
+            logits, expected_logits = self._paired_logits(
+                embedded, (rec["h"], rec["z"]),
+                (tf.stop_gradient(rec["h_expected"]), tf.stop_gradient(rec["z_expected"])),
+                training)
+        else:
+            logits, expected_logits = self._logits(embedded, rec["h"], rec["z"], training), None
         if self._gated:
             beta = ops.cast(ops.squeeze(rec["beta"], -1), "float32")
         else:
@@ -406,6 +466,8 @@ class ShowAttendTell(keras.Model):
         out = {"logits": logits, "alpha": rec["alpha"], "beta": beta}
         if self._hard:
             out["sample_log_prob"] = rec["sample_log_prob"]             # (batch, T)
+        if expected_logits is not None:
+            out["expected_logits"] = tf.stop_gradient(expected_logits)
         return out
 
     # ------------------------------------------------------------- public API
@@ -537,7 +599,9 @@ class ShowAttendTell(keras.Model):
           hard attention also `reward` (mean `log p(y|s,a)` per caption, or
           per word with `reinforce_credit="token"`), `sample_log_prob` (batch, T)
           `log alpha_{t, s_t}` of each step's sampled region,
-          `baseline` (the value used), `reinforce_term`, `used_expected_alpha`
+          `baseline` (the value used; with `reinforce_baseline="expected"`
+          its mean per real word, and `token_baseline` (batch, T) the
+          per-word values), `reinforce_term`, `used_expected_alpha`
           (1.0 or 0.0); per example (batch,): `example_nll` (sum over
           tokens), `example_tokens`, `example_penalty`; and the forward
           outputs `logits`, `alpha`.
@@ -562,7 +626,7 @@ class ShowAttendTell(keras.Model):
         example_nll = ops.sum(token_nll, axis=1)
         nll = ops.sum(example_nll) / denominator
         example_penalty = losses.doubly_stochastic_penalty(
-            out["alpha"], steps, self.doubly_stochastic_lambda)
+            out["alpha"], steps, 0.0 if self._hard else self.doubly_stochastic_lambda)
         attention_penalty = ops.mean(example_penalty)
         example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
         attention_entropy = ops.sum(example_entropy) / denominator
@@ -581,6 +645,10 @@ class ShowAttendTell(keras.Model):
                 mean_reward = ops.mean(reward)
             baseline = ops.where(self.baseline_updates > 0,
                                  ops.convert_to_tensor(self.reinforce_baseline), mean_reward)
+            expected_baseline = "expected_logits" in out
+            if expected_baseline:
+                # log p(y_t) had step t used the expected context (per word).
+                baseline = -losses.masked_nll(out["expected_logits"], targets)
             if training:
                 used = ops.cast(used_expected, "float32")
                 if self.reinforce_credit == "token":
@@ -596,10 +664,14 @@ class ShowAttendTell(keras.Model):
                     1.0 if self.hard_inference == "expected" else 0.0, "float32")
                 reinforce_term = ops.zeros((), "float32")
             loss = loss + reinforce_term - self.entropy_lambda * attention_entropy
-            terms.update({"reward": mean_reward, "baseline": baseline,
+            terms.update({"reward": mean_reward,
+                          "baseline": (ops.sum(baseline) / denominator if expected_baseline
+                                       else baseline),
                           "reinforce_term": reinforce_term, "used_expected_alpha": used,
                           "sample_log_prob": out["sample_log_prob"]})
-            if training and update_baseline:
+            if expected_baseline:
+                terms["token_baseline"] = baseline                      # (batch, T)
+            if training and update_baseline and not expected_baseline:
                 self.update_baseline(mean_reward, skip=used_expected)
         if global_batch_size is not None:
             local = ops.cast(ops.shape(tokens)[0], "float32")
@@ -640,6 +712,7 @@ class ShowAttendTell(keras.Model):
             "expected_alpha_prob": self.expected_alpha_prob,
             "expected_alpha_warmup": self.expected_alpha_warmup,
             "reinforce_credit": self.reinforce_credit,
+            "reinforce_baseline": self.reinforce_baseline_kind,
             "baseline_decay": self.baseline_decay, "hard_inference": self.hard_inference,
             "seed": self.seed, "annotation_gradients": self.annotation_gradients,
         })

@@ -87,13 +87,14 @@ class ModelConfig:
     attention_dim: int = 128           # hidden size of the attention MLP f_att
     dropout: float = 0.3               # dropout on the deep output layer
     use_gate: bool = True              # beta_t gating scalar (section 4.2.1)
-    doubly_stochastic_lambda: float = 1.0  # lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1)
+    doubly_stochastic_lambda: float = 1.0  # soft: lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1; hard has none)
     entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
     reinforce_lambda: float = 1.0      # hard attention lambda_r
     expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
     expected_alpha_warmup: int = 0     # hard: first N minibatches use expected alpha (no sampling)
     baseline_decay: float = 0.9        # hard: REINFORCE moving-average baseline decay
     reinforce_credit: str = "sequence"  # hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))
+    reinforce_baseline: str = "moving_average"  # hard: moving_average (paper) | expected (per word: log p(y_t) with the expected context; token credit)
     hard_inference: str = "expected"   # expected | argmax
 
 

@@ -344,3 +344,81 @@ def test_hard_attention_overfits_a_handful_of_captions():
     assert float(terms["nll"]) < 0.05
     _assert_reproduces_captions(model, a)
     assert float(model.baseline_updates.numpy()) > 0
+
+
+def _expected_baseline_model(**kwargs):
+    config = dict(expected_alpha_prob=0.0, entropy_lambda=0.0, reinforce_credit="token",
+                  reinforce_baseline="expected", dropout=0.0)
+    config.update(kwargs)
+    return make_model("hard", **config)
+
+
+def test_hard_expected_baseline_is_each_words_counterfactual():
+    model = _expected_baseline_model()
+    terms = model.compute_loss_terms(annotations(), CAPTIONS)
+    targets = np.asarray(CAPTIONS)[:, 1:]
+    steps = (targets != 0).astype(np.float32)
+    token_nll = np.asarray(losses.masked_nll(terms["logits"], targets))
+    baseline = np.asarray(terms["token_baseline"])
+    assert baseline.shape == targets.shape
+    # Step 0 starts from the same h_0 as an expected-context pass, so its
+    # baseline is that pass's log-likelihood; later steps follow the samples.
+    expected_pass = model(_inputs(), training=False)["logits"]
+    expected_nll = np.asarray(losses.masked_nll(expected_pass, targets))
+    np.testing.assert_allclose(baseline[:, 0], -expected_nll[:, 0], rtol=1e-5)
+    assert np.abs(baseline * steps + token_nll).max() > 1e-4   # the samples made a difference
+    np.testing.assert_allclose(terms["baseline"], baseline.sum() / steps.sum(), rtol=1e-5)
+    log_prob = np.asarray(terms["sample_log_prob"])
+    want = -(((-token_nll - baseline) * log_prob) * steps).sum() / steps.sum()
+    np.testing.assert_allclose(terms["reinforce_term"], want, rtol=1e-4, atol=1e-6)
+    # The moving average is not used, and not moved.
+    assert float(model.baseline_updates.numpy()) == 0.0
+    assert ShowAttendTell.from_config(model.get_config()).reinforce_baseline_kind == "expected"
+    with pytest.raises(ValueError, match="token"):
+        make_model("hard", reinforce_baseline="expected", reinforce_credit="sequence")
+    with pytest.raises(ValueError, match="reinforce_baseline"):
+        make_model("hard", reinforce_baseline="learned")
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_hard_expected_baseline_equals_the_reward_when_the_context_is_expected(dropout):
+    # Same context, same dropout mask: zero advantage, whatever the dropout.
+    model = _expected_baseline_model(expected_alpha_prob=1.0, dropout=dropout)
+    terms = model.compute_loss_terms(annotations(), CAPTIONS)
+    token_nll = np.asarray(losses.masked_nll(terms["logits"], np.asarray(CAPTIONS)[:, 1:]))
+    np.testing.assert_allclose(terms["token_baseline"], -token_nll, rtol=1e-5, atol=1e-6)
+    assert float(terms["reinforce_term"]) == 0.0
+
+
+def test_hard_expected_baseline_has_no_gradient_and_keeps_the_hoisted_gradients():
+    def grads(hoist, term):
+        model = _expected_baseline_model()
+        model._hoist_weight_grads = hoist
+        with tf.GradientTape() as tape:
+            value = model.compute_loss_terms(annotations(), CAPTIONS)[term]
+        return model, tape.gradient(value, model.trainable_variables)
+
+    model, reinforce = grads(True, "reinforce_term")
+    # The REINFORCE term moves what computes alpha (attention MLP, LSTM,
+    # embedding), never the deep output: its advantage (reward minus the
+    # counterfactual baseline) is a constant.
+    moved = {v.path.split("/")[-2] for v, g in zip(model.trainable_variables, reinforce)
+             if g is not None and np.abs(tf.convert_to_tensor(g)).max() > 0}
+    assert {"attention", "lstm_recurrent"} <= moved, moved
+    assert not moved & {"output_hidden", "output_context", "output_logits"}, moved
+    _, hoisted = grads(True, "loss")
+    _, plain = grads(False, "loss")
+    for variable, x, y in zip(model.trainable_variables, hoisted, plain):
+        np.testing.assert_allclose(tf.convert_to_tensor(x), tf.convert_to_tensor(y),
+                                   rtol=1e-5, atol=1e-6, err_msg=variable.path)
+
+
+def test_the_doubly_stochastic_penalty_is_soft_attention_only():
+    # Section 4.2.1: a term of the soft objective; hard attention's (equation 12) has none.
+    soft = make_model("soft", doubly_stochastic_lambda=1.0)
+    hard = make_model("hard", doubly_stochastic_lambda=1.0, expected_alpha_prob=1.0,
+                      entropy_lambda=0.0)
+    assert float(soft.compute_loss_terms(annotations(), CAPTIONS)["attention_penalty"]) > 0.1
+    terms = hard.compute_loss_terms(annotations(), CAPTIONS)
+    assert float(terms["attention_penalty"]) == 0.0
+    np.testing.assert_allclose(terms["loss"], terms["nll"], rtol=1e-6)
