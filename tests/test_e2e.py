@@ -97,3 +97,18 @@ def test_second_run_is_fully_cached(tiny_run):
     out = _captioner("inspect", "--root", root, "--json").stdout
     states = [x["state"] for x in json.loads(out)["executions"]]
     assert states.count("cached") == 6 and states.count("complete") == 6
+
+
+def test_attention_signal_analysis_runs_on_a_pipeline_root(tiny_run):
+    root, _ = tiny_run
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "attention_signal.py"),
+                           "--root", root, "--max-images", "20"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["steps"] > 0 and result["attention"] == "soft"
+    for key in ("logp_inside", "logp_outside", "logp_expected"):
+        assert result[key] <= 0.0
+    assert 0.0 <= result["alpha_mass_inside"] <= 1.0
+    assert 0.0 <= result["best_region_inside"] <= 1.0
