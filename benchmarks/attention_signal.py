@@ -5,8 +5,9 @@
 
 For a trained decoder of a pipeline root on the synthetic shapes data (the
 latest Trainer execution, or `--execution N`), on the test split: each image's
-first reference caption is teacher-forced with the expected context (the
-inference rule of both soft and hard attention). At every colour, size or
+first reference caption is teacher-forced through the model's own decoding
+step (`decode_step`: the expected context, the inference rule of soft and,
+by default, hard attention). At every colour, size or
 shape word of an object phrase whose object has a box, the step is re-run
 from the same state with each single region as the context, which is what a
 hard-attention sample feeds the LSTM. Reported, averaged over those steps:
@@ -14,8 +15,8 @@ hard-attention sample feeds the LSTM. Reported, averaged over those steps:
 * `logp_inside` / `logp_outside`: the word's log-probability with one region
   whose centre lies inside / outside the object's box (the REINFORCE reward
   of a sample there, with `reinforce_credit=token`);
-* `logp_expected`: the same with the expected context (the per-word
-  baseline of `reinforce_baseline=expected`);
+* `logp_expected`: the same with the model's inference context (for the
+  expected context, the per-word baseline of `reinforce_baseline=expected`);
 * `best_region_inside`: how often the best single region lies inside the box;
 * `alpha_mass_inside`: the attention weight on the box's regions.
 
@@ -86,9 +87,6 @@ def main(argv=None) -> dict:
     h, w = data["grid_shape"][:2]
     regions = h * w
 
-    def gated(context, state_h):
-        return context * model.gate(state_h) if model._gated else context
-
     inside_lp, outside_lp, expected_lp, best_inside, mass_inside = [], [], [], [], []
     for grid, refs, objects in zip(data["annotations"], data["references"], data["objects"]):
         words = text_lib.normalize(refs[0])
@@ -102,28 +100,29 @@ def main(argv=None) -> dict:
                     boxes[t] = obj["bbox"]
         a = tf.constant(grid.reshape(1, regions, -1), tf.float32)
         projected = model.project_annotations(a)
-        state_h, state_c = model.initial_state(a)
+        state = model.initial_state(a)
         for t in range(len(words)):
-            embedded = model.embedding(tf.constant([tokens[t]]))
-            alpha, _ = model.attention_layer.attention_weights(projected, state_h, None)
-            base = model.lstm_input(embedded) + model.lstm_recurrent(state_h)
-            expected = gated(tf.einsum("bl,bld->bd", alpha, a), state_h)
-            if t in boxes:
-                inside = _box_regions(boxes[t], h, w)
-                if inside.any() and not inside.all():
-                    single = gated(a[0], state_h)                     # (L, D): one region each
-                    hs, _ = model._cell(base + model.lstm_context(single),
-                                        tf.repeat(state_c, regions, 0))
-                    logits = model._logits(tf.repeat(embedded, regions, 0), hs, single)
-                    lp = tf.nn.log_softmax(logits)[:, tokens[t + 1]].numpy()
-                    inside_lp.append(lp[inside].mean())
-                    outside_lp.append(lp[~inside].mean())
-                    best_inside.append(bool(inside[int(np.argmax(lp))]))
-                    mass_inside.append(float(alpha.numpy()[0][inside].sum()))
-                    he, _ = model._cell(base + model.lstm_context(expected), state_c)
-                    expected_lp.append(float(tf.nn.log_softmax(
-                        model._logits(embedded, he, expected))[0, tokens[t + 1]]))
-            state_h, state_c = model._cell(base + model.lstm_context(expected), state_c)
+            prev = tf.constant([tokens[t]])
+            log_probs, alpha, next_state = model.decode_step(prev, state, a, projected)
+            inside = _box_regions(boxes[t], h, w) if t in boxes else None
+            if inside is not None and inside.any() and not inside.all():
+                # The same step with each single region as the context (what a
+                # hard sample feeds the LSTM), from the same state.
+                state_h, state_c = state
+                embedded = tf.repeat(model.embedding(prev), regions, 0)
+                single = a[0]                                          # (L, D)
+                if model._gated:
+                    single = single * model.gate(state_h)
+                hs, _ = model._cell(model.lstm_input(embedded) + model.lstm_context(single)
+                                    + model.lstm_recurrent(state_h), tf.repeat(state_c, regions, 0))
+                lp = tf.nn.log_softmax(model._logits(embedded, hs, single))[:, tokens[t + 1]]
+                lp = lp.numpy()
+                inside_lp.append(lp[inside].mean())
+                outside_lp.append(lp[~inside].mean())
+                best_inside.append(bool(inside[int(np.argmax(lp))]))
+                mass_inside.append(float(alpha.numpy()[0][inside].sum()))
+                expected_lp.append(float(log_probs[0, tokens[t + 1]]))
+            state = next_state
     if not inside_lp:
         raise SystemExit("no object words with a box were found in the references")
     result = {"model": model_file, "attention": model.attention, "steps": len(inside_lp),

@@ -353,16 +353,18 @@ class ShowAttendTell(keras.Model):
         h, c = self._cell(gates, c)
         return h, c, z, alpha, beta, sample_log_prob, expected
 
+    def _deep(self, embedded, h, z):
+        """The deep-output vector `E y_{t-1} + L_h h_t + L_z z_t` (before dropout and `L_o`)."""
+        return embedded + self.output_hidden(h) + self.output_context(z)
+
     def _logits(self, embedded, h, z, training=False):
         """Deep output `L_o(E y_{t-1} + L_h h_t + L_z z_t)` (equation 7), float32."""
-        deep = embedded + self.output_hidden(h) + self.output_context(z)
-        deep = self.output_dropout(deep, training=training)
+        deep = self.output_dropout(self._deep(embedded, h, z), training=training)
         return ops.cast(self.output_logits(deep), "float32")
 
     def _paired_logits(self, embedded, first, second, training):
         """`_logits` of two `(h, z)` sequences with one dropout mask for both."""
-        deep = ops.stack([embedded + self.output_hidden(h) + self.output_context(z)
-                          for h, z in (first, second)])               # (2, batch, T, m)
+        deep = ops.stack([self._deep(embedded, h, z) for h, z in (first, second)])  # (2, b, T, m)
         if training and self.dropout > 0:
             shape = ops.shape(deep)
             deep = keras.random.dropout(deep, self.dropout, noise_shape=(1,) + tuple(shape[1:]),
