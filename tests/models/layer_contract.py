@@ -150,7 +150,7 @@ def run_serialization_test(layer: keras.layers.Layer,
 
 
 @contextlib.contextmanager
-def global_policy(name: str):
+def policy(name: str):
     """Sets the global dtype policy for the block, restoring float32 after.
 
     Args:
@@ -272,18 +272,18 @@ def _check_training_step(layer, inputs, training_kwargs):
 def _check_precision(cls, init_kwargs, inputs, call_kwargs, expected_shapes, float32_outputs,
                      name):
     """Dtypes under a mixed policy, given as `dtype=` and as the global policy."""
-    policy = keras.dtype_policies.get(name)
-    made = {"dtype argument": lambda: cls(**init_kwargs, dtype=policy),
+    mixed = keras.dtype_policies.get(name)
+    made = {"dtype argument": lambda: cls(**init_kwargs, dtype=mixed),
             "global policy": lambda: cls(**init_kwargs)}
     for how, make in made.items():
         what = f"{name} ({how})"
-        with global_policy(name if how == "global policy" else "float32"):
+        with policy(name if how == "global policy" else "float32"):
             layer = make()
             symbolic = _flat(layer(*[_symbolic(x) for x in inputs]))
             eager = _flat(layer(*inputs, **call_kwargs))
         for outputs, batch in ((symbolic, None), (eager, len(inputs[0]))):
             _check_outputs(outputs, expected_shapes, batch=batch,
-                           compute_dtype=policy.compute_dtype,
+                           compute_dtype=mixed.compute_dtype,
                            float32_outputs=float32_outputs, what=what)
         for out in eager:
             if _is_float(out.dtype):
@@ -291,5 +291,5 @@ def _check_precision(cls, init_kwargs, inputs, call_kwargs, expected_shapes, flo
         for w in layer.weights:
             assert keras.backend.standardize_dtype(w.dtype) == "float32", f"{what}: {w.path}"
         for sub in layer._flatten_layers():
-            assert sub.compute_dtype == policy.compute_dtype, f"{what}: {sub.name}"
+            assert sub.compute_dtype == mixed.compute_dtype, f"{what}: {sub.name}"
             assert sub.variable_dtype == "float32", f"{what}: {sub.name}"

@@ -2,7 +2,6 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from models.soft_attention import SoftAttention
 from tests.models.layer_contract import run_layer_test
