@@ -36,3 +36,28 @@ def test_trained_encoder_beats_chance_on_held_out_images(tmp_path):
     assert props["grid_shape"] == [4, 4, 8 * 8 + 2]  # D = 8 x width + (x, y)
     assert (out / "encoder.keras").exists()
     assert len(props["history"]) <= 6
+
+
+def test_keras_app_encoder_loads_the_configured_weights_file(tmp_path):
+    # The offline paper path: `encoder.weights=/path/to/..._notop.h5`.
+    import keras
+
+    from tests.models.keras_app_weights import write_notop_weights
+    weights = str(tmp_path / "vgg19_weights_tf_dim_ordering_tf_kernels_notop.h5")
+    reference = write_notop_weights("VGG19", "block5_conv4", weights)
+    config = PipelineConfig(encoder=EncoderConfig(
+        kind="keras_app", application="VGG19", layer="block5_conv4", weights=weights,
+        image_size=32, coord_channels=False))
+    out = tmp_path / "encoder"
+    out.mkdir()
+    ctx = StageContext(stage="EncoderTrainer", config=config,
+                       inputs={"examples": Artifact(type="Examples", uri=str(tmp_path / "none"))},
+                       outputs={"encoder": str(out)}, work_dir=str(tmp_path), root=str(tmp_path),
+                       execution_id=1)
+    result = encoder_trainer.run(ctx)["encoder"]
+    assert result["properties"]["grid_shape"] == [2, 2, 512]
+    assert result["properties"]["kind"] == "keras_app" and not result["counts"]
+    assert not (out / "words.txt").exists()       # nothing is trained for keras_app
+    images = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    encoder = keras.saving.load_model(out / "encoder.keras")
+    np.testing.assert_allclose(np.asarray(encoder(images)), reference(images), rtol=1e-5, atol=1e-4)

@@ -5,14 +5,13 @@ Keras applications' ImageNet weights download at run time, so these tests use
 """
 import importlib
 
-import h5py
 import keras
 import numpy as np
 import pytest
-from keras.src.legacy.saving import legacy_h5_format
 
 from models.encoder import (CoordinateChannels, ImageNormalization, build_encoder,
                             keras_app_backbone, normalization_mode)
+from tests.models.keras_app_weights import write_notop_weights
 from tests.models.layer_contract import run_layer_test
 
 APPLICATIONS = sorted(n for n in dir(keras.applications) if n[0].isupper())
@@ -109,21 +108,6 @@ def test_keras_app_encoder_gives_the_layers_grid(application, layer, size, grid)
     assert tuple(with_coords.output_shape) == (None, *grid[:2], grid[2] + 2)
 
 
-def _reference(application, layer, weights_format, path):
-    """A weights=None application saved to `path`, and its cut at `layer` with its own preprocess_input."""
-    keras.utils.set_random_seed(1)
-    app = getattr(keras.applications, application)(include_top=False, weights=None,
-                                                   input_shape=(None, None, 3))
-    if weights_format == "keras":
-        app.save_weights(path)
-    else:  # the legacy HDF5 layout of the `..._notop.h5` files Keras downloads
-        with h5py.File(path, "w") as f:
-            legacy_h5_format.save_weights_to_hdf5_group(f, app)
-    cut = keras.Model(app.input, app.get_layer(layer).output)
-    family = importlib.import_module(getattr(keras.applications, application).__module__)
-    return lambda images: np.asarray(cut(family.preprocess_input(images.copy())))
-
-
 @pytest.mark.parametrize("application,layer,weights_format,file_name", [
     ("VGG19", "block5_conv4", "keras", "vgg19_notop.weights.h5"),
     ("VGG19", "block5_conv4", "legacy", "vgg19_weights_tf_dim_ordering_tf_kernels_notop.h5"),
@@ -134,7 +118,7 @@ def test_a_local_weights_file_gives_the_applications_outputs(tmp_path, applicati
                                                              weights_format, file_name):
     path = str(tmp_path / file_name)
     # The file is written by a model of any input size: conv weights do not depend on it.
-    reference = _reference(application, layer, weights_format, path)
+    reference = write_notop_weights(application, layer, path, weights_format)
     encoder = build_encoder("keras_app", application=application, layer=layer, weights=path,
                             image_size=32, coord_channels=False)
     images = _images(32)
