@@ -170,13 +170,22 @@ def keras_app_backbone(application: str = "VGG19", layer: str = "block5_conv4",
     """
     if not hasattr(keras.applications, application):
         raise ValueError(f"keras.applications has no {application!r}")
-    weights_arg = None if weights in ("", "none", None) else weights
+    keyword = (weights or "none").strip().lower()
+    weights_arg = {"": None, "none": None, "imagenet": "imagenet"}.get(keyword, weights)
     local_file = weights_arg not in (None, "imagenet")
     if local_file and not os.path.exists(weights_arg):
         raise FileNotFoundError(f"encoder weights file not found: {weights_arg}")
-    app = getattr(keras.applications, application)(
-        include_top=False, weights=None if local_file else weights_arg,
-        input_shape=(image_size, image_size, 3))
+    try:
+        app = getattr(keras.applications, application)(
+            include_top=False, weights=None if local_file else weights_arg,
+            input_shape=(image_size, image_size, 3))
+    except Exception as e:  # Keras raises a bare Exception when the download fails.
+        if weights_arg != "imagenet":
+            raise
+        raise RuntimeError(
+            f"could not get the ImageNet weights of {application} ({e}). Offline, copy the "
+            f"application's `..._notop.h5` file (Keras keeps it in ~/.keras/models) and set "
+            f"encoder.weights to its path") from e
     if local_file:
         app.load_weights(weights_arg)
     try:

@@ -1,4 +1,4 @@
-"""One contract every custom Keras layer of the project must meet (after keras-hub's `run_layer_test`).
+"""The contract every custom Keras layer of the project meets (after keras-hub's `run_layer_test`).
 
 `run_layer_test` checks, for one layer class and constructor arguments:
 
@@ -193,7 +193,8 @@ def _check_outputs(outputs, expected_shapes, *, batch, compute_dtype, float32_ou
     assert len(outputs) == len(expected_shapes), f"{what}: {len(outputs)} outputs"
     for i, (out, shape) in enumerate(zip(outputs, expected_shapes)):
         want = tuple(batch if (d is None and j == 0) else d for j, d in enumerate(shape))
-        assert tuple(out.shape) == want, f"{what}: output {i} has shape {tuple(out.shape)}, not {want}"
+        got = tuple(out.shape)
+        assert got == want, f"{what}: output {i} has shape {got}, not {want}"
         dtype = keras.backend.standardize_dtype(out.dtype)
         if _is_float(dtype):
             expected = "float32" if i in float32_outputs else compute_dtype

@@ -1,4 +1,4 @@
-"""AttentionScorer: the shared layer contract and the masked float32 softmax it gives both attentions."""
+"""AttentionScorer: the shared layer contract and the masked softmax both attentions use."""
 import keras
 import numpy as np
 
@@ -6,17 +6,12 @@ from models.attention_scorer import AttentionScorer
 from models.hard_attention import HardAttention
 from models.soft_attention import SoftAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import DIM, HIDDEN, REGIONS, UNITS, annotations, hidden
-
-WEIGHTS = {"annotation_projection/kernel": (DIM, UNITS),
-           "annotation_projection/bias": (UNITS,),
-           "hidden_projection/kernel": (HIDDEN, UNITS),
-           "score_kernel": (UNITS,)}
+from tests.models.tiny import DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden
 
 
 def test_layer_contract():
     run_layer_test(AttentionScorer, {"units": UNITS}, (annotations(), hidden()),
-                   ((None, REGIONS), (None, REGIONS)), expected_weights=WEIGHTS,
+                   ((None, REGIONS), (None, REGIONS)), expected_weights=SCORER_WEIGHTS,
                    float32_outputs=(0, 1))
 
 

@@ -1,4 +1,4 @@
-"""The encoders: layer contracts, each family's normalization, and the `keras_app` path the paper configs use.
+"""Encoders: layer contracts, each family's normalization, the paper configs' `keras_app` path.
 
 Keras applications' ImageNet weights download at run time, so these tests use
 `weights="none"` or a weights file written here, as offline users do.
@@ -139,3 +139,20 @@ def test_keras_app_errors_name_the_problem(tmp_path):
         keras_app_backbone("VGG19", "block6_conv1", "none", 32)
     with pytest.raises(ValueError, match="unknown encoder kind"):
         build_encoder("resnet")
+
+
+def test_failed_imagenet_download_says_how_to_work_offline(monkeypatch):
+    from keras.src.utils import file_utils
+
+    def offline(*args, **kwargs):
+        raise Exception("URL fetch failure on the weights origin: no network")
+
+    monkeypatch.setattr(file_utils, "get_file", offline)
+    with pytest.raises(RuntimeError, match="set encoder.weights to its path"):
+        keras_app_backbone("VGG19", "block5_conv4", "imagenet", 32)
+
+
+@pytest.mark.parametrize("weights", ["none", "None", " NONE ", ""])
+def test_weights_keywords_ignore_case(weights):
+    encoder = keras_app_backbone("VGG19", "block1_conv2", weights, 32)
+    assert tuple(encoder.output_shape) == (None, 32, 32, 64)

@@ -6,7 +6,8 @@ import tensorflow as tf
 
 from models.hard_attention import HardAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import DIM, HIDDEN, REGIONS, UNITS, annotations, hidden, policy
+from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
+                               policy)
 
 # chi-square with L - 1 = 8 degrees of freedom, p = 0.001
 CHI2_8_999 = 26.12
@@ -32,10 +33,7 @@ def test_layer_contract(inference):
     run_layer_test(HardAttention, {"units": UNITS, "inference": inference, "seed": 7},
                    (annotations(), hidden()),
                    ((None, DIM), (None, REGIONS), (None, REGIONS), (None,)),
-                   expected_weights={"annotation_projection/kernel": (DIM, UNITS),
-                                     "annotation_projection/bias": (UNITS,),
-                                     "hidden_projection/kernel": (HIDDEN, UNITS),
-                                     "score_kernel": (UNITS,)},
+                   expected_weights=SCORER_WEIGHTS,
                    expected_num_non_trainable_variables=1,   # the sampler's seed state
                    float32_outputs=(1, 2, 3))
 

@@ -5,12 +5,8 @@ import pytest
 
 from models.soft_attention import SoftAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import DIM, HIDDEN, REGIONS, UNITS, annotations, hidden, policy
-
-WEIGHTS = {"annotation_projection/kernel": (DIM, UNITS),
-           "annotation_projection/bias": (UNITS,),
-           "hidden_projection/kernel": (HIDDEN, UNITS),
-           "score_kernel": (UNITS,)}
+from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
+                               policy)
 
 
 def _built(**kwargs):
@@ -25,7 +21,7 @@ def test_layer_contract():
     mask = np.ones((2, REGIONS), bool)
     mask[0, :3] = False
     run_layer_test(SoftAttention, {"units": UNITS}, (annotations(), hidden()),
-                   ((None, DIM), (None, REGIONS)), expected_weights=WEIGHTS,
+                   ((None, DIM), (None, REGIONS)), expected_weights=SCORER_WEIGHTS,
                    call_kwargs={"mask": mask}, float32_outputs=(1,))
 
 

@@ -13,6 +13,12 @@ from tests.models.layer_contract import policy  # noqa: F401  (re-exported for t
 
 VOCAB, EMBED, HIDDEN, UNITS, DIM, REGIONS, BATCH = 20, 8, 16, 8, 16, 9, 2
 
+# The trainable weights of an attention layer (AttentionScorer and its subclasses).
+SCORER_WEIGHTS = {"annotation_projection/kernel": (DIM, UNITS),   # W_a
+                  "annotation_projection/bias": (UNITS,),        # b
+                  "hidden_projection/kernel": (HIDDEN, UNITS),   # W_h
+                  "score_kernel": (UNITS,)}                      # w
+
 # Two captions: <start> w.. <end> <pad>.., as compute_loss_terms takes them.
 CAPTIONS = np.array([[1, 5, 6, 7, 2, 0],
                      [1, 8, 9, 2, 0, 0]], dtype="int32")
