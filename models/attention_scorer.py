@@ -9,6 +9,7 @@ from keras import ops
 _MASKED_SCORE = -1e9
 
 
+@keras.saving.register_keras_serializable(package="captioner")
 class AttentionScorer(keras.layers.Layer):
     """Scores every region from `a_i` and `h_{t-1}`: `e_ti = w^T tanh(W_a a_i + W_h h + b)`.
 
@@ -17,8 +18,21 @@ class AttentionScorer(keras.layers.Layer):
     `W_a a_i + b` does not depend on the step, so `project()` computes it
     once per sequence and `attention_weights()` takes the result.
 
+    Called on its own it returns the attention weights, which is what
+    attention analyses need without a context vector.
+
     Args:
       units: width of the attention MLP.
+
+    Call args:
+      annotations: (batch, L, D) annotation vectors `a_i`.
+      hidden: (batch, n) previous LSTM state `h_{t-1}`.
+      projected: optional (batch, L, units) from `project(annotations)`.
+      mask: optional (batch, L) bool, True = keep.
+      training: unused (scoring is deterministic).
+
+    Returns:
+      `(alpha, log_alpha)`, both (batch, L) float32.
     """
 
     def __init__(self, units: int, **kwargs):
@@ -83,6 +97,11 @@ class AttentionScorer(keras.layers.Layer):
         if mask is not None:
             alpha = ops.where(mask, alpha, 0.0)
         return alpha, log_alpha
+
+    def call(self, annotations, hidden, projected=None, mask=None, training=None):
+        if projected is None:
+            projected = self.project(annotations)
+        return self.attention_weights(projected, hidden, mask)
 
     def weighted_context(self, weights, annotations):
         """`sum_i weights_i a_i`: (batch, L) x (batch, L, D) -> (batch, D)."""

@@ -17,7 +17,9 @@ import os
 import keras
 from keras import layers, ops
 
-# keras.applications name -> input normalization used by its preprocess_input.
+# keras.applications name (lower case) -> the normalization its preprocess_input
+# applies. Families not listed (EfficientNet, EfficientNetV2, ConvNeXt, MobileNetV3)
+# normalize inside the model, so their preprocess_input is the identity.
 _NORMALIZATION = {
     "vgg16": "caffe", "vgg19": "caffe", "resnet50": "caffe", "resnet101": "caffe",
     "resnet152": "caffe", "inceptionv3": "tf", "inceptionresnetv2": "tf", "xception": "tf",
@@ -25,6 +27,17 @@ _NORMALIZATION = {
     "resnet152v2": "tf", "nasnetlarge": "tf", "nasnetmobile": "tf", "densenet121": "torch",
     "densenet169": "torch", "densenet201": "torch",
 }
+
+
+def normalization_mode(application: str) -> str:
+    """The `ImageNormalization` mode equal to `keras.applications`' preprocessing for a model.
+
+    Args:
+      application: the class name in `keras.applications`, e.g. `VGG19`.
+    Returns:
+      `caffe`, `tf`, `torch`, or `none` for models that normalize inside.
+    """
+    return _NORMALIZATION.get(application.lower(), "none")
 
 
 @keras.saving.register_keras_serializable(package="captioner")
@@ -148,19 +161,31 @@ def keras_app_backbone(application: str = "VGG19", layer: str = "block5_conv4",
       application: the class name in `keras.applications` (e.g. `VGG19`, `ResNet50`).
       layer: the conv layer whose output is the annotation grid.
       weights: `imagenet` (downloaded by Keras on first use), `none`, or a
-        path to a weights file (`.weights.h5` of the full application model).
+        path to a weights file of the application without its top
+        (`include_top=False`): the `..._notop.h5` file Keras downloads for
+        `imagenet` (copied for offline use), or a `.weights.h5` saved from
+        such a model. The file does not depend on the image size.
     Returns:
       A model from `(S, S, 3)` [0, 255] images to the layer's `(H, W, D)` output.
     """
     if not hasattr(keras.applications, application):
         raise ValueError(f"keras.applications has no {application!r}")
-    weights_arg = None if weights in ("", "none", None) else weights
+    keyword = (weights or "none").strip().lower()
+    weights_arg = {"": None, "none": None, "imagenet": "imagenet"}.get(keyword, weights)
     local_file = weights_arg not in (None, "imagenet")
     if local_file and not os.path.exists(weights_arg):
         raise FileNotFoundError(f"encoder weights file not found: {weights_arg}")
-    app = getattr(keras.applications, application)(
-        include_top=False, weights=None if local_file else weights_arg,
-        input_shape=(image_size, image_size, 3))
+    try:
+        app = getattr(keras.applications, application)(
+            include_top=False, weights=None if local_file else weights_arg,
+            input_shape=(image_size, image_size, 3))
+    except Exception as e:  # Keras raises a bare Exception when the download fails.
+        if weights_arg != "imagenet":
+            raise
+        raise RuntimeError(
+            f"could not get the ImageNet weights of {application} ({e}). Offline, copy the "
+            f"application's `..._notop.h5` file (Keras keeps it in ~/.keras/models) and set "
+            f"encoder.weights to its path") from e
     if local_file:
         app.load_weights(weights_arg)
     try:
@@ -170,8 +195,7 @@ def keras_app_backbone(application: str = "VGG19", layer: str = "block5_conv4",
         raise ValueError(f"{application} has no layer {layer!r}; last conv layers: {conv}") from None
     cut = keras.Model(app.input, out, name=f"{application.lower()}_{layer}")
     inputs = keras.Input((image_size, image_size, 3), name="image")
-    mode = _NORMALIZATION.get(application.lower(), "none")
-    x = ImageNormalization(mode, name="normalize")(inputs)
+    x = ImageNormalization(normalization_mode(application), name="normalize")(inputs)
     return keras.Model(inputs, cut(x), name=cut.name)
 
 

@@ -1,11 +1,13 @@
-"""HardAttention: the layer contract (STYLE.md) and the multinoulli sampling."""
+"""HardAttention: the shared layer contract and the multinoulli sampling."""
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from models.hard_attention import HardAttention
-from tests.models.tiny import DIM, HIDDEN, REGIONS, UNITS, annotations, hidden, policy
+from tests.models.layer_contract import run_layer_test
+from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
+                               policy)
 
 # chi-square with L - 1 = 8 degrees of freedom, p = 0.001
 CHI2_8_999 = 26.12
@@ -24,30 +26,21 @@ def _chi_square(samples, alpha):
     return ((counts - expected) ** 2 / expected).sum()
 
 
-def test_config_round_trip():
-    layer = HardAttention(UNITS, inference="argmax", seed=7, name="att")
-    config = layer.get_config()
-    assert (config["units"], config["inference"], config["seed"]) == (UNITS, "argmax", 7)
-    assert HardAttention.from_config(config).get_config() == config
-    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
-    assert isinstance(revived, HardAttention) and revived.get_config() == config
+@pytest.mark.parametrize("inference", ["expected", "argmax"])
+def test_layer_contract(inference):
+    # The training step samples (training=True), so REINFORCE's log-prob path
+    # and the Gumbel noise are traced in a tf.function too.
+    run_layer_test(HardAttention, {"units": UNITS, "inference": inference, "seed": 7},
+                   (annotations(), hidden()),
+                   ((None, DIM), (None, REGIONS), (None, REGIONS), (None,)),
+                   expected_weights=SCORER_WEIGHTS,
+                   expected_num_non_trainable_variables=1,   # the sampler's seed state
+                   float32_outputs=(1, 2, 3))
+
+
+def test_unknown_inference_mode_is_rejected():
     with pytest.raises(ValueError, match="inference"):
         HardAttention(UNITS, inference="mode")
-
-
-def test_exact_weight_counts():
-    layer = _built()
-    assert sorted(tuple(w.shape) for w in layer.trainable_weights) == sorted([
-        (DIM, UNITS), (UNITS,), (HIDDEN, UNITS), (UNITS,)])
-    assert layer.count_params() == DIM * UNITS + UNITS + HIDDEN * UNITS + UNITS
-
-
-def test_symbolic_call():
-    context, alpha, sample, log_prob = HardAttention(UNITS)(
-        keras.Input((REGIONS, DIM)), keras.Input((HIDDEN,)))
-    assert tuple(context.shape) == (None, DIM)
-    assert tuple(alpha.shape) == tuple(sample.shape) == (None, REGIONS)
-    assert tuple(log_prob.shape) == (None,)
 
 
 def test_samples_follow_alpha():
@@ -99,17 +92,6 @@ def test_inference_modes_and_forced_expected_alpha():
     np.testing.assert_allclose(context, a[np.arange(2), np.asarray(alpha).argmax(-1)], rtol=1e-6)
 
 
-def test_save_and_load_give_identical_outputs(tmp_path):
-    a_in, h_in = keras.Input((REGIONS, DIM)), keras.Input((HIDDEN,))
-    layer = HardAttention(UNITS, inference="argmax", seed=1, name="attention")
-    model = keras.Model([a_in, h_in], layer(a_in, h_in))
-    model.save(tmp_path / "att.keras")
-    revived = keras.saving.load_model(tmp_path / "att.keras")
-    assert revived.get_layer("attention").get_config() == layer.get_config()
-    for x, y in zip(model([annotations(), hidden()]), revived([annotations(), hidden()])):
-        np.testing.assert_array_equal(x, y)
-
-
 def test_one_reinforce_step_moves_alpha_towards_rewarded_samples():
     layer = _built()
     a, h = np.repeat(annotations(batch=1), 64, 0), np.repeat(hidden(batch=1), 64, 0)
@@ -128,10 +110,13 @@ def test_one_reinforce_step_moves_alpha_towards_rewarded_samples():
 
 @pytest.mark.parametrize("name,compute", [("mixed_float16", "float16"),
                                           ("mixed_bfloat16", "bfloat16")])
-def test_mixed_precision_dtypes(name, compute):
+def test_sampling_under_mixed_precision(name, compute):
+    # The contract calls in inference mode; sampling (training=True) has its own dtypes.
     with policy(name):
         layer = _built()
         context, alpha, sample, log_prob = layer(annotations(), hidden(), training=True)
     assert context.dtype == compute
     assert alpha.dtype == sample.dtype == log_prob.dtype == "float32"
-    assert all(w.dtype == "float32" for w in layer.weights)
+    sample = np.asarray(sample)
+    assert (sample.sum(-1) == 1).all()
+    np.testing.assert_allclose(log_prob, np.log((sample * np.asarray(alpha)).sum(-1)), rtol=1e-5)

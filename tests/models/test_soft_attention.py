@@ -1,11 +1,12 @@
-"""SoftAttention: the layer contract (STYLE.md) and the attention behaviour."""
+"""SoftAttention: the shared layer contract and the attention behaviour."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from models.soft_attention import SoftAttention
-from tests.models.tiny import DIM, HIDDEN, REGIONS, UNITS, annotations, hidden, policy
+from tests.models.layer_contract import run_layer_test
+from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
+                               policy)
 
 
 def _built(**kwargs):
@@ -15,32 +16,13 @@ def _built(**kwargs):
     return layer
 
 
-def test_config_round_trip():
-    layer = SoftAttention(UNITS, name="att")
-    config = layer.get_config()
-    assert config["units"] == UNITS
-    clone = SoftAttention.from_config(config)
-    assert clone.get_config() == config
-    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
-    assert isinstance(revived, SoftAttention) and revived.get_config() == config
-
-
-def test_exact_weight_counts():
-    layer = _built()
-    shapes = {w.path.split("/", 1)[1]: tuple(w.shape) for w in layer.trainable_weights}
-    assert shapes == {"annotation_projection/kernel": (DIM, UNITS),
-                      "annotation_projection/bias": (UNITS,),
-                      "hidden_projection/kernel": (HIDDEN, UNITS),
-                      "score_kernel": (UNITS,)}
-    assert layer.count_params() == DIM * UNITS + UNITS + HIDDEN * UNITS + UNITS
-    assert not layer.non_trainable_weights
-
-
-def test_symbolic_call():
-    layer = SoftAttention(UNITS)
-    context, alpha = layer(keras.Input((REGIONS, DIM)), keras.Input((HIDDEN,)))
-    assert tuple(context.shape) == (None, DIM)
-    assert tuple(alpha.shape) == (None, REGIONS) and alpha.dtype == "float32"
+def test_layer_contract():
+    # The masked call must meet the contract too: mask is how padding reaches the layer.
+    mask = np.ones((2, REGIONS), bool)
+    mask[0, :3] = False
+    run_layer_test(SoftAttention, {"units": UNITS}, (annotations(), hidden()),
+                   ((None, DIM), (None, REGIONS)), expected_weights=SCORER_WEIGHTS,
+                   call_kwargs={"mask": mask}, float32_outputs=(1,))
 
 
 def test_weights_sum_to_one_and_context_is_expectation():
@@ -74,38 +56,9 @@ def test_pre_projected_annotations_give_the_same_result():
         np.testing.assert_array_equal(x, y)
 
 
-def test_save_and_load_give_identical_outputs(tmp_path):
-    a_in, h_in = keras.Input((REGIONS, DIM)), keras.Input((HIDDEN,))
-    layer = SoftAttention(UNITS, name="attention")
-    model = keras.Model([a_in, h_in], layer(a_in, h_in))
-    model.save(tmp_path / "att.keras")
-    revived = keras.saving.load_model(tmp_path / "att.keras")
-    assert isinstance(revived.get_layer("attention"), SoftAttention)
-    for x, y in zip(model([annotations(), hidden()]), revived([annotations(), hidden()])):
-        np.testing.assert_array_equal(x, y)
-
-
-def test_one_training_step_updates_every_weight():
-    layer = _built()
-    a, h = tf.constant(annotations()), tf.constant(hidden())
-    before = [w.numpy().copy() for w in layer.trainable_weights]
-    optimizer = keras.optimizers.SGD(0.1)
-    with tf.GradientTape() as tape:
-        context, alpha = layer(a, h, training=True)
-        loss = tf.reduce_sum(context[:, 0]) + tf.reduce_sum(alpha[:, 0])
-    grads = tape.gradient(loss, layer.trainable_weights)
-    assert all(g is not None for g in grads)
-    optimizer.apply_gradients(zip(grads, layer.trainable_weights))
-    assert all(not np.array_equal(b, w.numpy()) for b, w in zip(before, layer.trainable_weights))
-
-
-@pytest.mark.parametrize("name,compute", [("mixed_float16", "float16"),
-                                          ("mixed_bfloat16", "bfloat16")])
-def test_mixed_precision_dtypes(name, compute):
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_weights_sum_to_one_under_mixed_precision(name):
     with policy(name):
         layer = _built()
-        context, alpha = layer(annotations(), hidden())
-    assert context.dtype == compute
-    assert alpha.dtype == "float32"            # softmax in float32
-    assert all(w.dtype == "float32" for w in layer.weights)
+        _, alpha = layer(annotations(), hidden())
     np.testing.assert_allclose(np.asarray(alpha).sum(-1), 1.0, rtol=1e-5)

@@ -1,14 +1,23 @@
-"""Tiny sizes and helpers shared by the models tests (STYLE.md: width <= 16, batch 2, 3x3 grid)."""
-from __future__ import annotations
+"""Tiny sizes and helpers shared by the models tests.
 
-import contextlib
+Sizes are kept tiny (width <= 16, batch 2, a 3x3 grid, vocabulary <= 30) so
+that the default suite stays within minutes on 2 CPU cores.
+"""
+from __future__ import annotations
 
 import keras
 import numpy as np
 
 from models.show_attend_tell import ShowAttendTell
+from tests.models.layer_contract import policy  # noqa: F401  (re-exported for the models tests)
 
 VOCAB, EMBED, HIDDEN, UNITS, DIM, REGIONS, BATCH = 20, 8, 16, 8, 16, 9, 2
+
+# The trainable weights of an attention layer (AttentionScorer and its subclasses).
+SCORER_WEIGHTS = {"annotation_projection/kernel": (DIM, UNITS),   # W_a
+                  "annotation_projection/bias": (UNITS,),        # b
+                  "hidden_projection/kernel": (HIDDEN, UNITS),   # W_h
+                  "score_kernel": (UNITS,)}                      # w
 
 # Two captions: <start> w.. <end> <pad>.., as compute_loss_terms takes them.
 CAPTIONS = np.array([[1, 5, 6, 7, 2, 0],
@@ -34,13 +43,3 @@ def make_model(attention="soft", seed=0, **kwargs):
     model = ShowAttendTell(**config)
     model.build((None, REGIONS, DIM))
     return model
-
-
-@contextlib.contextmanager
-def policy(name):
-    """Sets the global dtype policy for the block, restoring float32 after."""
-    keras.mixed_precision.set_global_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,40 @@
+"""AttentionScorer: the shared layer contract and the masked softmax both attentions use."""
+import keras
+import numpy as np
+
+from models.attention_scorer import AttentionScorer
+from models.hard_attention import HardAttention
+from models.soft_attention import SoftAttention
+from tests.models.layer_contract import run_layer_test
+from tests.models.tiny import DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden
+
+
+def test_layer_contract():
+    run_layer_test(AttentionScorer, {"units": UNITS}, (annotations(), hidden()),
+                   ((None, REGIONS), (None, REGIONS)), expected_weights=SCORER_WEIGHTS,
+                   float32_outputs=(0, 1))
+
+
+def test_alpha_is_the_softmax_of_log_alpha_and_masks_are_exact():
+    keras.utils.set_random_seed(0)
+    scorer = AttentionScorer(UNITS)
+    mask = np.ones((2, REGIONS), bool)
+    mask[0, :4] = False
+    alpha, log_alpha = (np.asarray(t) for t in scorer(annotations(), hidden(), mask=mask))
+    np.testing.assert_allclose(alpha[mask], np.exp(log_alpha[mask]), rtol=1e-6)
+    assert (alpha[~mask] == 0.0).all()
+    np.testing.assert_allclose(alpha.sum(-1), 1.0, rtol=1e-6)
+    # The masked log-weights are finite (no -inf that could turn into NaN gradients).
+    assert np.isfinite(log_alpha).all()
+
+
+def test_soft_and_hard_attention_weight_regions_like_their_scorer():
+    a, h = annotations(), hidden()
+    scorer = AttentionScorer(UNITS)
+    alpha, _ = scorer(a, h)
+    for cls in (SoftAttention, HardAttention):
+        layer = cls(UNITS)
+        layer.build((None, REGIONS, DIM), (None, HIDDEN))
+        layer.set_weights(scorer.get_weights())
+        np.testing.assert_allclose(layer(a, h)[1], alpha, rtol=1e-6)
+
