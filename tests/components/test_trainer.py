@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import distribute, train_data, trainer
+from components import distribute, schema, train_data, trainer
 from models.text import PAD_ID
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifact
@@ -126,7 +126,7 @@ def _events(logs_dir: str) -> dict[str, list[tuple[int, object]]]:
 
 
 def _data(source, **kwargs) -> train_data.TrainData:
-    files = train_data.split_files(source["annotations"].uri, "train")
+    files = schema.split_files(source["annotations"].uri, "train")
     args = dict(global_batch_size=8, seed=0, shuffle_buffer=64, cache=True)
     args.update(kwargs)
     return train_data.TrainData(files, trainer_worker.GRID, **args)
@@ -189,8 +189,8 @@ def test_bucketing_pads_less_with_the_same_batches_and_skip_resumes(source):
 
 
 def test_eval_set_holds_every_reference(source):
-    files = train_data.split_files(source["annotations"].uri, "val")
-    vocab = trainer.read_vocabulary(source["vocabulary"].uri)
+    files = schema.split_files(source["annotations"].uri, "val")
+    vocab = schema.read_vocabulary(source["vocabulary"].uri)
     ev = train_data.load_eval_set(files, trainer_worker.GRID, 3, vocab)
     assert len(ev) == 3 and ev.annotations.shape == (3, 9, 8)
     assert all(len(r) == 3 for r in ev.references)
