@@ -30,7 +30,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from components import beam_utils, io_utils, schema
+from components import beam_utils, schema
 from models import text
 
 NAMESPACE = "Preprocess"

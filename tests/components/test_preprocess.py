@@ -221,7 +221,7 @@ def test_dead_letters_and_count_conservation(in_process):
     assert split_counts["train"] == {"seen": 9, "accepted": 8, "dead_lettered": 1}
     assert split_counts["val"] == {"seen": 3, "accepted": 2, "dead_lettered": 1}
     assert split_counts["test"] == {"seen": 2, "accepted": 2, "dead_lettered": 0}
-    with open(os.path.join(outputs["annotations"], preprocess.DEAD_LETTERS_FILE)) as f:
+    with open(os.path.join(outputs["annotations"], schema.DEAD_LETTERS_FILE)) as f:
         lines = sorted((json.loads(line) for line in f if line.strip()),
                        key=lambda d: d["id"])
     assert [(d["id"], d["split"]) for d in lines] == [(BAD_ID, "train"), (NO_IMAGE_ID, "val")]
@@ -363,5 +363,5 @@ def test_runs_under_the_pipeline_runner_and_publishes(artifacts, tmp_path, monke
     assert annotations.properties["grid_shape"] == artifacts["grid_shape"]
     assert annotations.properties["has_boxes"] is True
     assert vocabulary.properties["size"] == len(open(vocabulary.path("vocab.txt")).readlines())
-    assert os.path.exists(annotations.path(preprocess.DEAD_LETTERS_FILE))
+    assert os.path.exists(annotations.path(schema.DEAD_LETTERS_FILE))
     assert len(_records(annotations.uri)) == 12

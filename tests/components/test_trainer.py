@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from components import distribute, schema, train_data, trainer
+from components.trainer import checkpointing, model_setup
 from models.text import PAD_ID
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifact
@@ -230,32 +231,32 @@ def test_non_chief_worker_does_not_run_the_stage(source, tmp_path, monkeypatch):
 
 
 def test_one_trainer_per_work_folder(tmp_path):
-    held = trainer._lock_work_dir(str(tmp_path))
+    held = checkpointing.lock_work_dir(str(tmp_path))
     try:
         with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
-            trainer._lock_work_dir(str(tmp_path))
+            checkpointing.lock_work_dir(str(tmp_path))
     finally:
         held.close()
-    trainer._lock_work_dir(str(tmp_path)).close()   # free again
+    checkpointing.lock_work_dir(str(tmp_path)).close()   # free again
 
 
 def test_learning_rate_schedules():
     import keras
-    assert trainer.learning_rate_schedule(TrainConfig(learning_rate=0.1), 100) == 0.1
-    cosine = trainer.learning_rate_schedule(
+    assert model_setup.learning_rate_schedule(TrainConfig(learning_rate=0.1), 100) == 0.1
+    cosine = model_setup.learning_rate_schedule(
         TrainConfig(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10), 110)
-    warm = trainer.learning_rate_schedule(
+    warm = model_setup.learning_rate_schedule(
         TrainConfig(learning_rate=0.1, lr_schedule="constant", warmup_steps=10), 110)
     lr = lambda s, k: float(s(k))  # noqa: E731
     assert lr(cosine, 5) == pytest.approx(0.05) and lr(cosine, 10) == pytest.approx(0.1)
     assert lr(cosine, 60) == pytest.approx(0.05, abs=1e-6) and lr(cosine, 110) < 1e-6
     assert lr(warm, 5) == pytest.approx(0.05) and lr(warm, 100) == pytest.approx(0.1)
-    opt = trainer.make_optimizer(TrainConfig(optimizer="rmsprop",
+    opt = model_setup.make_optimizer(TrainConfig(optimizer="rmsprop",
                                              mixed_precision="mixed_float16"), 10)
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
     assert isinstance(opt.inner_optimizer, keras.optimizers.RMSprop)
     with pytest.raises(ValueError, match="optimizer"):
-        trainer.make_optimizer(TrainConfig(optimizer="sgd"), 10)
+        model_setup.make_optimizer(TrainConfig(optimizer="sgd"), 10)
 
 
 # ----------------------------------------------------------------------------- training
@@ -290,7 +291,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
         model_config = json.load(f)
     assert model_config["vocab_size"] == 18 and model_config["model"]["attention"] == attention
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
-    assert trainer.weights_digest(model) == props["weights_digest"]
+    assert checkpointing.weights_digest(model) == props["weights_digest"]
     assert tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).endswith(
         f"ckpt-{4 * epochs}")
     events = _events(os.path.join(out, "logs"))
