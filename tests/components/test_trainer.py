@@ -308,7 +308,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     if attention == "hard":
         baseline = [v for _, v in events["train/baseline"]]
         assert any(v != 0.0 for v in baseline)
-        assert props["baseline"] == pytest.approx(model.reinforce_baseline.numpy())
+        assert props["baseline"] == pytest.approx(model.reward_baseline.numpy())
         assert all(v == 1.0 for step, v in events["train/used_expected_alpha"] if step <= warmup)
         assert model.hard_training_steps.numpy() == 4 * epochs
         assert "val/bleu4" in events
@@ -426,7 +426,7 @@ def test_killed_training_resumes_from_its_checkpoint(source, tmp_path, capfd, mo
     for path in state.all_model_checkpoint_paths:
         reader = tf.train.load_checkpoint(path)
         steps.append(int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))
-        assert any("reinforce_baseline" in k for k in reader.get_variable_to_shape_map())
+        assert any("reward_baseline" in k for k in reader.get_variable_to_shape_map())
     assert steps == sorted(steps) and steps[-1] == 16
     events = _events(os.path.join(work_dir, "logs"))
     logged = sorted({s for s, _ in events["train/baseline"]})
