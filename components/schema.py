@@ -97,6 +97,89 @@ ANNOTATION_FEATURES = (
     Feature((CAPTION_TEXT,), "bytes list", "the reference texts"),
 ) + _OBJECT_FEATURES
 
+# ----------------------------------------------------------------------------- artifacts
+
+
+@dataclasses.dataclass(frozen=True)
+class ArtifactLayout:
+    """What one artifact type holds (docs/ARTIFACTS.md is rendered from these).
+
+    Attributes:
+      type: the artifact type (`Examples`, ...).
+      producer: the stage that writes it.
+      files: `(path under the artifact folder, meaning)` pairs.
+      features: the `Feature`s of its records (TFRecord artifacts).
+      notes: more text (markdown).
+    """
+    type: str
+    producer: str
+    files: tuple
+    features: tuple = ()
+    notes: str = ""
+
+
+def _shards(prefix: str) -> str:
+    return f"<split>/{prefix}-SSSSS-of-NNNNN.tfrecord"
+
+
+ARTIFACT_LAYOUTS = (
+    ArtifactLayout(
+        "Examples", "ExampleGen",
+        ((_shards(EXAMPLES_PREFIX), "one `tf.train.Example` per image, `split` in "
+          + ", ".join(f"`{s}`" for s in SPLITS) + " (features below)"),
+         (DEAD_LETTERS_FILE, "one JSON object per rejected input (see Dead letters)")),
+        EXAMPLE_FEATURES,
+        "`counts`: `seen`, `accepted`, `rejected`, one count per split, and "
+        "`dead_letter_reasons` (reason kind -> count)."),
+    ArtifactLayout(
+        "Encoder", "EncoderTrainer",
+        ((ENCODER_FILE, "a Keras model from `uint8`/`float32` images `(batch, S, S, 3)` "
+          "(already resized, values 0..255) to the annotation grid `(batch, H, W, D)`"),),
+        notes=f"`properties`: `image_size`, `{GRID_SHAPE}` `[H, W, D]`, `val_map` (held-out "
+              "word-presence mean average precision), `epochs`."),
+    ArtifactLayout(
+        "Annotations", "Preprocess",
+        ((_shards(ANNOTATIONS_PREFIX), "one `tf.train.Example` per image (features below)"),
+         (DEAD_LETTERS_FILE, "images that failed to parse or decode (see Dead letters)")),
+        ANNOTATION_FEATURES,
+        f"`properties`: `{GRID_SHAPE}`, `num_records` (per split). Parsed by "
+        "`components.schema.parse_annotations` (tf.data) and `decode_annotations` (NumPy)."),
+    ArtifactLayout(
+        "Vocabulary", "Preprocess",
+        ((VOCAB_FILE, "one token per line, the id is the line number (no blank lines); ids "
+          "0-3 are `<pad>`, `<start>`, `<end>`, `<unk>`"),
+         (COUNTS_FILE, "word -> count over the train split")),
+        notes="Tokenization (`models/text.py`): lowercase, punctuation stripped, split on "
+              "whitespace."),
+    ArtifactLayout(
+        "Model", "Trainer",
+        ((MODEL_FILE, "the final weights"),
+         (BEST_MODEL_FILE, "the best validation score's weights; the Evaluator and Pusher "
+          f"use it (`model_file`: `{BEST_MODEL_FILE}`, else `{MODEL_FILE}`)"),
+         (CHECKPOINTS_DIR + "/", "the final `tf.train.CheckpointManager` checkpoint"),
+         (LOGS_DIR + "/", "TensorBoard logs"),
+         (MODEL_CONFIG_FILE, "the `model` config section, vocabulary size, grid shape and "
+          "mixed-precision policy"))),
+    ArtifactLayout(
+        "Evaluation", "Evaluator",
+        (("metrics.json", "the coco-caption metrics (and grounding where boxes exist)"),
+         ("captions.jsonl", "one decoded caption per test image, with its references"),
+         ("figures/index.html", "attention figures (PNGs beside it)"))),
+    ArtifactLayout(
+        "Blessing", "Evaluator",
+        (("BLESSED", "present when blessed, else `NOT_BLESSED`; its text gives the reasons"),
+         ("blessing.json", "thresholds, baseline metrics and the verdict"))),
+    ArtifactLayout(
+        "PushedModel", "Pusher", (),
+        notes="`<serving_dir>/<model_name>/<version>/`: a SavedModel (+ "
+              "`assets.extra/tf_serving_warmup_requests`, and "
+              "`assets.extra/captioner_push.json`: the fingerprints of the model, encoder and "
+              "vocabulary it was exported from, so that a Pusher re-run after a crash reuses "
+              "the version instead of pushing the same model twice; TF Serving ignores it), "
+              "`<serving_dir>/models.config`, `<serving_dir>/batching_parameters.txt`; the "
+              "artifact records the version and path."),
+)
+
 # ----------------------------------------------------------------------------- shards
 
 
