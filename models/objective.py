@@ -119,8 +119,8 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
              "logits": out["logits"], "alpha": out["alpha"]}
     loss = terms["nll"] + terms["attention_penalty"]
     if hard:
-        terms.update(_reinforce_terms(model, out, targets, token_nll, steps, training,
-                                      used_expected))
+        terms.update(_reinforce_terms(model, out, targets, token_nll, steps,
+                                      training=training, used_expected=used_expected))
         loss = (loss + terms["reinforce_term"]
                 - model.entropy_lambda * terms["attention_entropy"])
         if training and update_baseline_now and "token_baseline" not in terms:
@@ -132,7 +132,8 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
     return terms
 
 
-def _reinforce_terms(model, out, targets, token_nll, steps, training, used_expected) -> dict:
+def _reinforce_terms(model, out, targets, token_nll, steps, *, training,
+                     used_expected) -> dict:
     """Hard attention's reward, baseline and REINFORCE surrogate (equation 12)."""
     denominator = ops.maximum(ops.sum(steps), 1.0)
     if model.reinforce_credit == "token":

@@ -272,7 +272,7 @@ class ShowAttendTell(keras.Model):
         c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
         return ops.cast(ops.sigmoid(o) * ops.tanh(c), self.compute_dtype), c
 
-    def _step(self, x_t, h, c, annotations, projected, mask, training, use_expected, noise,
+    def _step(self, x_t, h, c, annotations, projected, *, mask, training, use_expected, noise,
               recurrent=None, counterfactual=False):
         """One recurrence step from `h_{t-1}, c_{t-1}`; `x_t` is the E y_{t-1} gate part.
 
@@ -324,7 +324,7 @@ class ShowAttendTell(keras.Model):
         logits = ops.cast(self.output_logits(deep), "float32")
         return logits[0], logits[1]
 
-    def _recurrence(self, x_gates, state, annotations, projected, mask, training,
+    def _recurrence(self, x_gates, state, annotations, projected, *, mask, training,
                     use_expected, noise):
         """Runs `_step` over time in one `tf.while_loop`; inputs/outputs are batch-major."""
         x_time = tf.transpose(x_gates, [1, 0, 2])                      # (T, batch, 4n)
@@ -363,8 +363,9 @@ class ShowAttendTell(keras.Model):
         def body(t, h, c, outputs):
             noise_t = None if noises is None else noises.read(t)
             h, c, z, alpha, beta, sample_log_prob, expected = self._step(
-                xs.read(t), h, c, annotations, projected, mask, training, use_expected, noise_t,
-                recurrent, counterfactual)
+                xs.read(t), h, c, annotations, projected, mask=mask, training=training,
+                use_expected=use_expected, noise=noise_t, recurrent=recurrent,
+                counterfactual=counterfactual)
             values = {"h": h, "z": z, "alpha": alpha, "beta": beta,
                       "sample_log_prob": sample_log_prob}
             if expected is not None:
@@ -415,8 +416,8 @@ class ShowAttendTell(keras.Model):
             shape = tf.shape(annotations)
             noise = self.attention_layer.sample_noise(
                 tf.stack([tf.shape(tokens)[1], shape[0], shape[1]]))    # (T, batch, L)
-        rec = self._recurrence(x_gates, state, annotations, projected, mask, training,
-                               use_expected, noise)
+        rec = self._recurrence(x_gates, state, annotations, projected, mask=mask,
+                               training=training, use_expected=use_expected, noise=noise)
         if "h_expected" in rec:
             # Both deep outputs share one dropout mask, so that the reward
             # minus its baseline measures the sampled context alone.

@@ -114,7 +114,7 @@ def _write_files(run: TrainedRun) -> None:
     tcfg, mcfg = run.config.train, run.config.model
     with open(os.path.join(out_dir, schema.MODEL_CONFIG_FILE), "w") as f:
         json.dump({"model": dataclasses.asdict(mcfg), "vocab_size": run.vocab_size,
-                   "grid_shape": list(run.grid_shape),
+                   schema.GRID_SHAPE: list(run.grid_shape),
                    "mixed_precision": tcfg.mixed_precision}, f, indent=2, sort_keys=True)
 
 
@@ -135,7 +135,7 @@ def _properties(run: TrainedRun) -> dict:
         "best_epoch": int(state.best_epoch.numpy()),
         "epochs": int(state.epoch.numpy()),
         "vocab_size": int(run.vocab_size),
-        "grid_shape": [int(v) for v in run.grid_shape],
+        schema.GRID_SHAPE: [int(v) for v in run.grid_shape],
         "attention": mcfg.attention,
         "strategy": tcfg.strategy,
         "replicas": int(run.strategy.num_replicas_in_sync),

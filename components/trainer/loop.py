@@ -148,8 +148,9 @@ def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: st
         total_steps = min(total_steps, tcfg.max_steps)
     eval_set = train_data.load_eval_set(schema.split_files(annotations_uri, "val"),
                                         grid_shape, tcfg.val_examples, id_to_word)
-    return TrainInputs(vocab_size, id_to_word, grid_shape, data, eval_set, steps_per_epoch,
-                       total_steps)
+    return TrainInputs(vocab_size=vocab_size, id_to_word=id_to_word, grid_shape=grid_shape,
+                       data=data, eval_set=eval_set, steps_per_epoch=steps_per_epoch,
+                       total_steps=total_steps)
 
 
 class TrainingLoop:
@@ -333,9 +334,9 @@ class TrainingLoop:
         bar.set_postfix(loss=f"{out['loss']:.3f}", ex_s=f"{timing.throughput():.0f}",
                         refresh=False)
         if step % max(1, tcfg.log_every) == 0 or step == 1:
-            summaries.write_step_summaries(self.writer, step, out, self.optimizer,
-                                           self.model.attention == "hard",
-                                           timing.throughput(), timing.wait_fraction())
+            summaries.write_step_summaries(
+                self.writer, step, out, self.optimizer, hard=self.model.attention == "hard",
+                throughput=timing.throughput(), wait_fraction=timing.wait_fraction())
         if step % max(1, tcfg.checkpoint_every) == 0:
             state.train_seconds.assign_add(timing.lap())
             self.save_checkpoint()

@@ -43,7 +43,7 @@ def summary_text(tag: str, text: str, step: int) -> None:
     tf.summary.write(tag, tf.constant(text), step=step, metadata=_summary_metadata("text"))
 
 
-def write_step_summaries(writer, step: int, out: dict, optimizer, hard: bool,
+def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
                          throughput: float, wait_fraction: float) -> None:
     """The `train/*` scalars of one step.
 
