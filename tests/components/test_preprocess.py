@@ -225,7 +225,9 @@ def test_dead_letters_and_count_conservation(in_process):
         lines = sorted((json.loads(line) for line in f if line.strip()),
                        key=lambda d: d["id"])
     assert [(d["id"], d["split"]) for d in lines] == [(BAD_ID, "train"), (NO_IMAGE_ID, "val")]
-    assert set(lines[0]) == {"id", "split", "reason"}
+    # One dead-letter shape for every stage (components.schema.dead_letter).
+    assert all(list(d) == ["id", "reason", "split", "path"] for d in lines)
+    assert lines[1]["path"].endswith(".tfrecord")   # the shard the bad record came from
     assert lines[0]["reason"].startswith("undecodable image")
     assert lines[1]["reason"].startswith("unparseable record")
     assert "image/encoded" in lines[1]["reason"]
