@@ -75,7 +75,8 @@ def main(argv=None) -> dict:
     trainer = (os.path.join(args.root, "Trainer", str(args.execution), "model")
                if args.execution is not None
                else _latest(os.path.join(args.root, "Trainer", "*", "model")))
-    model = keras.saving.load_model(schema.model_file(trainer))
+    model_file = schema.model_file(trainer)
+    model = keras.saving.load_model(model_file)
     annotations_dir = _latest(os.path.join(args.root, "Preprocess", "*", "annotations"))
     vocabulary_dir = _latest(os.path.join(args.root, "Preprocess", "*", "vocabulary"))
     vocab = schema.read_vocabulary(vocabulary_dir)
