@@ -1,4 +1,11 @@
-"""The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4)."""
+"""The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4).
+
+The model's forward pass and decoding step live here; its training objective
+(loss terms, REINFORCE, the reward baseline) is `models/objective.py`, and the
+hand-written gradients of its time loop are `models/hoisted_gradients.py`.
+Training runs through the Trainer's step (components/trainer/step.py), not
+`model.fit`.
+"""
 from __future__ import annotations
 
 import keras
@@ -75,6 +82,7 @@ class ShowAttendTell(keras.Model):
         advantage is then how much better the sampled region predicts the
         word than the blend, so word difficulty no longer adds variance; it
         costs a second LSTM cell update per step and a second deep output.
+        (The moving average's value is the non-trainable weight `reward_baseline`.)
       hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
       seed: optional int; seeds the sampler, the dropout and the coin flips.
       annotation_gradients: back-propagate into the annotations (to fine-tune
