@@ -15,6 +15,7 @@ IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "BMP": "bmp", "GIF": "gif"}
 
 
 def read_records(files: Iterable[str]) -> Iterator[bytes]:
+    """The serialized records of TFRecord files, file by file in the given order."""
     import tensorflow as tf
     for path in files:
         for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
