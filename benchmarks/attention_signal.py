@@ -67,19 +67,19 @@ def main(argv=None) -> dict:
     import tensorflow as tf
 
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
+    from components import schema
     from components.evaluator import read_annotations
     from components.sources.shapes_grammar import parse_caption
     from models import text as text_lib
-    from serving.export import load_vocabulary
 
     trainer = (os.path.join(args.root, "Trainer", str(args.execution), "model")
                if args.execution is not None
                else _latest(os.path.join(args.root, "Trainer", "*", "model")))
-    model_file = os.path.join(trainer, "best.keras")
+    model_file = schema.model_file(trainer)
     model = keras.saving.load_model(model_file)
     annotations_dir = _latest(os.path.join(args.root, "Preprocess", "*", "annotations"))
     vocabulary_dir = _latest(os.path.join(args.root, "Preprocess", "*", "vocabulary"))
-    vocab = load_vocabulary(os.path.join(vocabulary_dir, "vocab.txt"))
+    vocab = schema.read_vocabulary(vocabulary_dir)
     index = {word: i for i, word in enumerate(vocab)}
     data = read_annotations(annotations_dir, "test", args.max_images)
     if data["annotations"] is None or not any(data["objects"]):

@@ -146,9 +146,9 @@ def run_bare(call, decoded: np.ndarray, batch_size: int) -> tuple[float, float]:
 def write_seconds(annotations_uri: str) -> tuple[float, int]:
     """Time to write the stage's own serialized records with a plain TFRecordWriter."""
     import tensorflow as tf
-    from components import io_utils
-    records = [r for s in io_utils.SPLITS
-               for r in io_utils.read_records(io_utils.split_files(annotations_uri, s))]
+    from components import io_utils, schema
+    records = [r for s in schema.SPLITS
+               for r in io_utils.read_records(schema.split_files(annotations_uri, s))]
     path = os.path.join(tempfile.mkdtemp(prefix="write-"), "x.tfrecord")
     start = time.perf_counter()
     with tf.io.TFRecordWriter(path) as w:

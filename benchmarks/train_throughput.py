@@ -51,7 +51,7 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
                     seed: int = 0) -> tuple[str, str]:
     """Annotations (train split, 4 shards) and Vocabulary artifacts of random data."""
     import tensorflow as tf
-    from components import io_utils
+    from components import schema
     from models import text
     from pipeline.artifacts import write_artifact_json
     rng = np.random.default_rng(seed)
@@ -60,7 +60,7 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
     os.makedirs(os.path.join(annotations, "train"))
     os.makedirs(vocabulary)
     shards = 4
-    writers = [tf.io.TFRecordWriter(io_utils.shard_path(os.path.join(annotations, "train"),
+    writers = [tf.io.TFRecordWriter(schema.shard_path(os.path.join(annotations, "train"),
                                                         "annotations", k, shards))
                for k in range(shards)]
     first_word = len(text.RESERVED)
@@ -68,16 +68,10 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
         caps = [[text.START_ID] + list(rng.integers(first_word, first_word + VOCAB_WORDS,
                                                     rng.integers(4, 17)))
                 + [text.END_ID] for _ in range(captions_per_image)]
-        feature = {
-            "image/id": io_utils.bytes_feature([f"img-{i}".encode()]),
-            "annotations": io_utils.bytes_feature(
-                [rng.normal(size=(h * w, d)).astype(np.float16).tobytes()]),
-            "grid_shape": io_utils.int_feature(grid_shape),
-            "captions/tokens": io_utils.int_feature([t for c in caps for t in c]),
-            "captions/lengths": io_utils.int_feature([len(c) for c in caps]),
-        }
-        writers[i % shards].write(tf.train.Example(
-            features=tf.train.Features(feature=feature)).SerializeToString())
+        example = schema.encode_annotations(
+            f"img-{i}", rng.normal(size=(h, w, d)).astype(np.float16),
+            [t for c in caps for t in c], [len(c) for c in caps], [])
+        writers[i % shards].write(example.SerializeToString())
     for writer in writers:
         writer.close()
     write_artifact_json(annotations, type="Annotations", producer="benchmark", execution_id=0,
@@ -85,8 +79,9 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
                         counts={"train": images},
                         properties={"grid_shape": list(grid_shape),
                                     "num_records": {"train": images}})
-    with open(os.path.join(vocabulary, "vocab.txt"), "w") as f:
-        f.write("\n".join(list(text.RESERVED) + [f"w{i}" for i in range(VOCAB_WORDS)]) + "\n")
+    with open(os.path.join(vocabulary, schema.VOCAB_FILE), "w") as f:
+        f.write(schema.vocabulary_text(list(text.RESERVED)
+                                        + [f"w{i}" for i in range(VOCAB_WORDS)]))
     write_artifact_json(vocabulary, type="Vocabulary", producer="benchmark", execution_id=0,
                         fingerprint="synthetic", inputs={}, config={}, counts={},
                         properties={"size": len(text.RESERVED) + VOCAB_WORDS})

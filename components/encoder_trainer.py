@@ -17,7 +17,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from components import io_utils
+from components import schema
 from models import text as text_lib
 
 # Words that say nothing about what is in a region.
@@ -45,16 +45,16 @@ def load_split(examples_uri: str, split: str, image_size: int, desc: str):
     """Decoded images (uint8) and their caption word sets for one split."""
     import tensorflow as tf
     from models.image_ops import decode_and_resize
-    files = io_utils.split_files(examples_uri, split)
+    files = schema.split_files(examples_uri, split)
     if not files:
         return np.zeros((0, image_size, image_size, 3), np.uint8), []
-    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
-            "captions": tf.io.VarLenFeature(tf.string)}
+    spec = schema.example_image_spec()
 
     def parse(record):
         ex = tf.io.parse_single_example(record, spec)
-        image = tf.cast(tf.round(decode_and_resize(ex["image/encoded"], image_size)), tf.uint8)
-        return image, tf.sparse.to_dense(ex["captions"])
+        image = tf.cast(tf.round(decode_and_resize(ex[schema.IMAGE_ENCODED], image_size)),
+                        tf.uint8)
+        return image, tf.sparse.to_dense(ex[schema.CAPTIONS])
 
     ds = (tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(256).prefetch(2))
@@ -161,8 +161,8 @@ def run(ctx) -> dict:
                             grid_size=cfg.grid_size, coord_channels=cfg.coord_channels,
                             backbone=backbone)
     h, w, d = (int(v) for v in encoder.output_shape[1:])
-    properties["grid_shape"] = [h, w, d]
-    encoder.save(os.path.join(out, "encoder.keras"))
+    properties[schema.GRID_SHAPE] = [h, w, d]
+    encoder.save(os.path.join(out, schema.ENCODER_FILE))
     log(f"[EncoderTrainer] encoder {cfg.kind}: grid {h}x{w}x{d}"
         + (f", val mAP {properties['val_map']:.4f} (chance {properties['chance_map']:.4f})"
            if "val_map" in properties else ""))

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from components import io_utils
+from components import io_utils, schema
 from components.metrics.coco import coco_metrics
 from components.metrics.grounding import grounding_metrics
 
@@ -30,16 +30,14 @@ BLESSING_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L",
 
 def read_annotations(uri: str, split: str, max_examples: int = 0) -> dict:
     """Every record of one Annotations split as numpy arrays and lists."""
-    import tensorflow as tf
     ids, grids, refs, objects, grid_shape = [], [], [], [], None
-    for record in io_utils.read_records(io_utils.split_files(uri, split)):
-        f = tf.train.Example.FromString(record).features.feature
-        shape = list(f["grid_shape"].int64_list.value)
-        grid_shape = grid_shape or shape
-        ids.append(f["image/id"].bytes_list.value[0].decode())
-        grids.append(io_utils.decode_float16_grid(f["annotations"].bytes_list.value[0], shape))
-        refs.append([t.decode() for t in f["captions/text"].bytes_list.value])
-        objects.append(io_utils.parse_objects(f))
+    for serialized in io_utils.read_records(schema.split_files(uri, split)):
+        record = schema.decode_annotations(serialized)
+        grid_shape = grid_shape or record.grid_shape
+        ids.append(record.image_id)
+        grids.append(record.grid)
+        refs.append(record.texts)
+        objects.append(record.objects)
         if max_examples and len(ids) >= max_examples:
             break
     order = np.argsort(ids, kind="stable")  # shards interleave: make the order stable
@@ -53,11 +51,10 @@ def read_images(examples_uri: str, split: str, wanted: set) -> dict:
     """Encoded image bytes for the wanted ids of one Examples split."""
     import tensorflow as tf
     found = {}
-    for record in io_utils.read_records(io_utils.split_files(examples_uri, split)):
-        f = tf.train.Example.FromString(record).features.feature
-        image_id = f["image/id"].bytes_list.value[0].decode()
+    for record in io_utils.read_records(schema.split_files(examples_uri, split)):
+        image_id, image = schema.example_image(tf.train.Example.FromString(record).features.feature)
         if image_id in wanted:
-            found[image_id] = f["image/encoded"].bytes_list.value[0]
+            found[image_id] = image
             if len(found) == len(wanted):
                 break
     return found
@@ -114,19 +111,6 @@ def bless(metrics: dict, thresholds: dict, max_regression: float,
     return not reasons, reasons
 
 
-def _decoded_words(tokens, length, vocab) -> list[str]:
-    from models.text import END_ID, PAD_ID, START_ID
-    words = []
-    for t in tokens[:length]:
-        t = int(t)
-        if t == END_ID:
-            break
-        if t in (PAD_ID, START_ID):
-            continue
-        words.append(vocab[t] if t < len(vocab) else "<unk>")
-    return words
-
-
 def write_figures(out_dir: str, examples_uri: str, data: dict, words: list, attention,
                   count: int) -> list[dict]:
     """Attention figures (paper Figure 2/3 style) and `figures/index.html` for a few images."""
@@ -158,15 +142,12 @@ def run(ctx) -> dict:
     """Evaluates the Model on the test split; writes `Evaluation` and `Blessing`."""
     import keras
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
-    from serving.export import load_vocabulary
+    from models.text import decode_words
     cfg = ctx.config.eval
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     model_art, ann_art = ctx.inputs["model"], ctx.inputs["annotations"]
-    vocab = load_vocabulary(ctx.inputs["vocabulary"].path("vocab.txt"))
-    model_file = model_art.path("best.keras")
-    if not os.path.exists(model_file):
-        model_file = model_art.path("model.keras")
-    decoder = keras.saving.load_model(model_file)
+    vocab = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
+    decoder = keras.saving.load_model(schema.model_file(model_art.uri))
     data = read_annotations(ann_art.uri, "test", cfg.max_examples)
     if data["annotations"] is None:
         raise RuntimeError("the test split is empty: nothing to evaluate "
@@ -175,7 +156,7 @@ def run(ctx) -> dict:
     out = decode_all(decoder, data["annotations"], cfg.beam_size, cfg.max_length,
                      cfg.length_normalization, cfg.batch_size)
     decode_seconds = time.time() - start
-    words = [_decoded_words(out["tokens"][i], out["lengths"][i], vocab)
+    words = [decode_words(out["tokens"][i][:out["lengths"][i]], vocab)
              for i in range(len(data["ids"]))]
     predictions = {image_id: " ".join(ws) for image_id, ws in zip(data["ids"], words)}
     references = dict(zip(data["ids"], data["references"]))

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from components import io_utils
+from components import io_utils, schema
 from components.sources import get_source
 from components.sources.base import RawExample
 
@@ -49,18 +49,9 @@ def validate(raw: RawExample) -> tuple[bytes, str, int, int, list[str]]:
 
 def to_example(raw: RawExample, data: bytes, fmt: str, height: int, width: int,
                captions: list[str]):
-    """The `tf.train.Example` of one accepted image (see docs/ARTIFACTS.md)."""
-    import tensorflow as tf
-    feature = {
-        "image/id": io_utils.bytes_feature([raw.image_id.encode()]),
-        "image/encoded": io_utils.bytes_feature([data]),
-        "image/format": io_utils.bytes_feature([fmt.encode()]),
-        "image/height": io_utils.int_feature([height]),
-        "image/width": io_utils.int_feature([width]),
-        "captions": io_utils.bytes_feature([c.encode() for c in captions]),
-    }
-    feature.update(io_utils.object_features(raw.objects))
-    return tf.train.Example(features=tf.train.Features(feature=feature))
+    """The `tf.train.Example` of one accepted image (`schema.encode_example`)."""
+    return schema.encode_example(raw.image_id, data, fmt, height, width, captions,
+                                 raw.objects)
 
 
 def write_examples(records: Iterator[RawExample], output_uri: str, data_config,
@@ -74,13 +65,13 @@ def write_examples(records: Iterator[RawExample], output_uri: str, data_config,
     import tensorflow as tf
     num_shards = max(1, data_config.num_shards)
     writers = {}
-    for split in io_utils.SPLITS:
+    for split in schema.SPLITS:
         os.makedirs(os.path.join(output_uri, split), exist_ok=True)
-        writers[split] = [tf.io.TFRecordWriter(io_utils.shard_path(
-            os.path.join(output_uri, split), "examples", i, num_shards))
+        writers[split] = [tf.io.TFRecordWriter(schema.shard_path(
+            os.path.join(output_uri, split), schema.EXAMPLES_PREFIX, i, num_shards))
             for i in range(num_shards)]
-    dead = io_utils.DeadLetters(os.path.join(output_uri, "dead_letters.jsonl"))
-    counts = {"seen": 0, "accepted": 0, "rejected": 0, **{s: 0 for s in io_utils.SPLITS}}
+    dead = io_utils.DeadLetters(os.path.join(output_uri, schema.DEAD_LETTERS_FILE))
+    counts = {"seen": 0, "accepted": 0, "rejected": 0, **{s: 0 for s in schema.SPLITS}}
     seen_ids: set[str] = set()
     try:
         for raw in tqdm(records, total=total, desc="ExampleGen", unit="img",
@@ -94,7 +85,7 @@ def write_examples(records: Iterator[RawExample], output_uri: str, data_config,
                 data, fmt, height, width, captions = validate(raw)
             except ValueError as e:
                 counts["rejected"] += 1
-                dead.add(raw.image_id, str(e), path=raw.image_path)
+                dead.add(raw.image_id, str(e), path=raw.image_path or "")
                 continue
             seen_ids.add(raw.image_id)
             split = raw.split or assign_split(raw.image_id, data_config.seed,
@@ -130,8 +121,8 @@ def run(ctx) -> dict:
           file=sys.stderr)
     if counts["accepted"] == 0:
         raise RuntimeError("ExampleGen accepted no image: see "
-                           f"{os.path.join(ctx.outputs['examples'], 'dead_letters.jsonl')}")
+                           f"{os.path.join(ctx.outputs['examples'], schema.DEAD_LETTERS_FILE)}")
     has_boxes = data_config.source == "synthetic"
     return {"examples": {"counts": counts,
                          "properties": {"source": data_config.source, "has_boxes": has_boxes,
-                                        "splits": list(io_utils.SPLITS)}}}
+                                        "splits": list(schema.SPLITS)}}}

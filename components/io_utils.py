@@ -1,71 +1,21 @@
-"""Record-level helpers shared by stages: TFRecord features, shard paths, dead letters."""
+"""File helpers shared by stages: reading TFRecords, checking images, the dead-letter file.
+
+What the records hold is `components.schema`.
+"""
 from __future__ import annotations
 
-import glob
 import io
-import json
 import os
 import re
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator
 
-import numpy as np
+from components import schema
 
-SPLITS = ("train", "val", "test")
 IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "BMP": "bmp", "GIF": "gif"}
 
 
-def bytes_feature(values: Sequence[bytes]):
-    import tensorflow as tf
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(values)))
-
-
-def int_feature(values: Sequence[int]):
-    import tensorflow as tf
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
-
-
-def float_feature(values: Sequence[float]):
-    import tensorflow as tf
-    return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
-
-
-def object_features(objects: Sequence[Mapping]) -> dict:
-    """`objects/*` features (boxes and attributes) for sources that have them."""
-    if not objects:
-        return {}
-    bbox = []
-    for o in objects:
-        bbox += list(o["bbox"])
-    return {
-        "objects/bbox": float_feature(bbox),
-        "objects/color": bytes_feature([str(o.get("color", "")).encode() for o in objects]),
-        "objects/shape": bytes_feature([str(o.get("shape", "")).encode() for o in objects]),
-        "objects/size": bytes_feature([str(o.get("size", "")).encode() for o in objects]),
-    }
-
-
-def parse_objects(feature_map) -> list[dict]:
-    """Reads `objects/*` back from a parsed `tf.train.Example` feature map."""
-    if "objects/bbox" not in feature_map:
-        return []
-    bbox = list(feature_map["objects/bbox"].float_list.value)
-    colors = [v.decode() for v in feature_map["objects/color"].bytes_list.value]
-    shapes = [v.decode() for v in feature_map["objects/shape"].bytes_list.value]
-    sizes = [v.decode() for v in feature_map["objects/size"].bytes_list.value]
-    return [{"bbox": tuple(bbox[4 * i:4 * i + 4]), "color": colors[i], "shape": shapes[i],
-             "size": sizes[i]} for i in range(len(colors))]
-
-
-def shard_path(folder: str, prefix: str, index: int, num_shards: int) -> str:
-    return os.path.join(folder, f"{prefix}-{index:05d}-of-{num_shards:05d}.tfrecord")
-
-
-def split_files(uri: str, split: str) -> list[str]:
-    """The TFRecord shards of one split of an Examples/Annotations artifact."""
-    return sorted(glob.glob(os.path.join(glob.escape(uri), split, "*.tfrecord")))
-
-
 def read_records(files: Iterable[str]) -> Iterator[bytes]:
+    """The serialized records of TFRecord files, file by file in the given order."""
     import tensorflow as tf
     for path in files:
         for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
@@ -141,20 +91,15 @@ class DeadLetters:
         self.reasons: dict[str, int] = {}
         self._f = open(path, "a", encoding="utf-8")
 
-    def add(self, item_id: str, reason: str, **extra) -> None:
+    def add(self, item_id: str, reason: str, split: str = "", path: str = "") -> None:
+        """Appends one `schema.dead_letter` record and counts its kind."""
         self.count += 1
         kind = reason.split(":")[0]
         self.reasons[kind] = self.reasons.get(kind, 0) + 1
-        self._f.write(json.dumps({"id": item_id, "reason": reason, **extra},
-                                 ensure_ascii=False) + "\n")
+        self._f.write(schema.dead_letter_line(
+            schema.dead_letter(item_id, reason, split, path)) + "\n")
 
     def close(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-
-
-def decode_float16_grid(data: bytes, grid_shape: Sequence[int]) -> np.ndarray:
-    """The `L x D` float32 annotation array from its float16 bytes."""
-    h, w, d = (int(v) for v in grid_shape)
-    return np.frombuffer(data, dtype=np.float16).reshape(h * w, d).astype(np.float32)

@@ -30,14 +30,12 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from components import beam_utils, io_utils
+from components import beam_utils, schema
 from models import text
 
 NAMESPACE = "Preprocess"
 INFERENCE_NAMESPACE = "Preprocess/RunInference"  # RunInference's own metrics
 DEAD_LETTERS = "dead_letters"
-DEAD_LETTERS_FILE = "dead_letters.jsonl"
-ANNOTATIONS_PREFIX = "annotations"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # TF's op context in error messages: "[[{{node ..}}]]", "{{function_node ..}}", "[Op:..]".
 _OP_NODE = re.compile(r"\[\[.*?\]\]|\{\{.*?\}\}|\[Op:.*?\]", re.S)
@@ -94,8 +92,8 @@ def _caption_words(record: bytes) -> list[str]:
     import tensorflow as tf
     example = tf.train.Example.FromString(record)
     words: list[str] = []
-    for caption in example.features.feature["captions"].bytes_list.value:
-        words += text.normalize(caption.decode("utf-8", errors="replace"))
+    for caption in schema.example_captions(example.features.feature):
+        words += text.normalize(caption)
     return words
 
 
@@ -107,10 +105,10 @@ def _vocabulary_tables(counts: Mapping[str, int], min_count: int, max_size: int)
 def _write_vocabulary(tables: dict, vocabulary_uri: str) -> int:
     """Writes `vocab.txt` and `counts.json` (inside the pipeline, so it works on remote runners)."""
     tokens = tables["tokens"]
-    beam_utils.write_text(beam_utils.join(vocabulary_uri, "vocab.txt"),
-                          "".join(t + "\n" for t in tokens))
+    beam_utils.write_text(beam_utils.join(vocabulary_uri, schema.VOCAB_FILE),
+                          schema.vocabulary_text(tokens))
     counts = dict(sorted(tables["counts"].items(), key=lambda wc: (-wc[1], wc[0])))
-    beam_utils.write_text(beam_utils.join(vocabulary_uri, "counts.json"),
+    beam_utils.write_text(beam_utils.join(vocabulary_uri, schema.COUNTS_FILE),
                           json.dumps(counts, ensure_ascii=False, indent=0))
     return len(tokens)
 
@@ -128,9 +126,9 @@ class ParseExample(beam.DoFn):
     def setup(self):
         import tensorflow as tf
         self._example_cls = tf.train.Example
-        self._seen = {s: Metrics.counter(NAMESPACE, f"{s}_seen") for s in io_utils.SPLITS}
+        self._seen = {s: Metrics.counter(NAMESPACE, f"{s}_seen") for s in schema.SPLITS}
         self._dead = {s: Metrics.counter(NAMESPACE, f"{s}_dead_lettered")
-                      for s in io_utils.SPLITS}
+                      for s in schema.SPLITS}
 
     def process(self, item):
         path, record = item
@@ -143,22 +141,18 @@ class ParseExample(beam.DoFn):
         try:
             example = self._example_cls.FromString(record)
             feature = example.features.feature
-            ids = feature["image/id"].bytes_list.value if "image/id" in feature else []
-            if not ids:
-                raise ValueError("record without image/id")
-            image_id = ids[0].decode("utf-8", errors="replace")
-            encoded = (feature["image/encoded"].bytes_list.value
-                       if "image/encoded" in feature else [])
+            image_id, encoded = schema.example_image(feature)
+            if not image_id:
+                raise ValueError(f"record without {schema.IMAGE_ID}")
             if not encoded:
-                raise ValueError("record without image/encoded")
+                raise ValueError(f"record without {schema.IMAGE_ENCODED}")
         except Exception as e:  # a corrupt record must not stop the job
             self._dead[split].inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {
-                "id": image_id, "split": split,
-                "reason": f"unparseable record in {os.path.basename(path)}: "
-                          f"{type(e).__name__}: {e}"})
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, schema.dead_letter(
+                image_id, f"unparseable record in {os.path.basename(path)}: "
+                          f"{type(e).__name__}: {e}", split, path))
             return
-        objects = {k: v for k, v in feature.items() if k.startswith("objects/")}
+        objects = {k: v for k, v in feature.items() if k.startswith(schema.OBJECTS_PREFIX)}
         extra = b""
         if objects:
             import tensorflow as tf
@@ -166,10 +160,8 @@ class ParseExample(beam.DoFn):
             for k, v in objects.items():
                 features.feature[k].CopyFrom(v)
             extra = features.SerializeToString()
-        yield {"id": image_id, "split": split, "image": encoded[0],
-               "captions": [c.decode("utf-8", errors="replace")
-                            for c in feature["captions"].bytes_list.value],
-               "objects": extra}
+        yield {"id": image_id, "split": split, "image": encoded,
+               "captions": schema.example_captions(feature), "objects": extra}
 
 
 class Tokenize(beam.DoFn):
@@ -215,7 +207,7 @@ class DecodeImage(beam.DoFn):
         self._errors = (tf.errors.OpError, ValueError)
         self._micros = Metrics.distribution(NAMESPACE, "decode_micros")
         self._dead = {s: Metrics.counter(NAMESPACE, f"{s}_dead_lettered")
-                      for s in io_utils.SPLITS}
+                      for s in schema.SPLITS}
 
     def process(self, record: dict):
         start = time.perf_counter()
@@ -228,9 +220,8 @@ class DecodeImage(beam.DoFn):
             reason = " ".join(_OP_NODE.sub("", reason).split())[:300]
             self._dead.setdefault(split, Metrics.counter(NAMESPACE, f"{split}_dead_lettered"))
             self._dead[split].inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {
-                "id": record["id"], "split": split,
-                "reason": f"undecodable image: {type(e).__name__}: {reason}"})
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, schema.dead_letter(
+                record["id"], f"undecodable image: {type(e).__name__}: {reason}", split))
             return
         self._micros.update(int((time.perf_counter() - start) * 1e6))
         yield meta, image
@@ -243,10 +234,8 @@ class ToExample(beam.DoFn):
         self.grid_shape = [int(v) for v in grid_shape]
 
     def setup(self):
-        import tensorflow as tf
-        self._tf = tf
         self._accepted = {s: Metrics.counter(NAMESPACE, f"{s}_accepted")
-                          for s in io_utils.SPLITS}
+                          for s in schema.SPLITS}
         self._micros = Metrics.distribution(NAMESPACE, "serialize_micros")
         self._progress = beam_utils.ProgressLog(NAMESPACE, "images encoded")
 
@@ -256,33 +245,15 @@ class ToExample(beam.DoFn):
         if list(grid.shape) != self.grid_shape:
             raise ValueError(f"encoder output {list(grid.shape)} for {record['id']}, "
                              f"expected grid_shape {self.grid_shape}")
-        h, w, d = self.grid_shape
-        tf = self._tf
-        feature = {
-            "image/id": io_utils.bytes_feature([record["id"].encode("utf-8")]),
-            # (L, D) float16, row-major: cell i = y * W + x.
-            "annotations": io_utils.bytes_feature(
-                [np.ascontiguousarray(grid, dtype=np.float16).reshape(h * w, d).tobytes()]),
-            "grid_shape": io_utils.int_feature(self.grid_shape),
-            "captions/tokens": io_utils.int_feature(record["tokens"]),
-            "captions/lengths": io_utils.int_feature(record["lengths"]),
-            "captions/text": io_utils.bytes_feature(
-                [c.encode("utf-8") for c in record["captions"]]),
-        }
-        example = tf.train.Example(features=tf.train.Features(feature=feature))
-        if record["objects"]:
-            example.features.MergeFromString(record["objects"])
+        example = schema.encode_annotations(record["id"], grid, record["tokens"],
+                                            record["lengths"], record["captions"],
+                                            record["objects"])
         split = record["split"]
         self._accepted.setdefault(split, Metrics.counter(NAMESPACE, f"{split}_accepted"))
         self._accepted[split].inc()
         self._micros.update(int((time.perf_counter() - start) * 1e6))
         self._progress.add()
         yield split, example.SerializeToString()
-
-
-def _dead_letter_line(item: dict) -> str:
-    return json.dumps({"id": item["id"], "split": item["split"], "reason": item["reason"]},
-                      ensure_ascii=False)
 
 
 def build_pipeline(p: beam.Pipeline, *, files: Mapping[str, Sequence[str]], encoder_path: str,
@@ -345,15 +316,15 @@ def build_pipeline(p: beam.Pipeline, *, files: Mapping[str, Sequence[str]], enco
         _ = (part
              | f"Values[{split}]" >> beam.Values()
              | f"Write[{split}]" >> WriteToTFRecord(
-                 beam_utils.join(annotations_uri, split, ANNOTATIONS_PREFIX),
+                 beam_utils.join(annotations_uri, split, schema.ANNOTATIONS_PREFIX),
                  file_name_suffix=".tfrecord", num_shards=max(1, config.num_shards),
                  shard_name_template=SHARD_TEMPLATE))
 
     _ = ((parsed[DEAD_LETTERS], decoded[DEAD_LETTERS])
          | "DeadLetters" >> beam.Flatten()
-         | "DeadLetterJson" >> beam.Map(_dead_letter_line)
+         | "DeadLetterJson" >> beam.Map(schema.dead_letter_line)
          | "WriteDeadLetters" >> beam.io.WriteToText(
-             beam_utils.join(annotations_uri, DEAD_LETTERS_FILE),
+             beam_utils.join(annotations_uri, schema.DEAD_LETTERS_FILE),
              shard_name_template="", num_shards=1))
 
 
@@ -365,17 +336,9 @@ def _count_records(files: Iterable[str]) -> int:
                for f in files)
 
 
-def _count_lines(path: str) -> int:
-    import tensorflow as tf
-    if not tf.io.gfile.exists(path):
-        return 0
-    with tf.io.gfile.GFile(path) as f:
-        return sum(1 for line in f if line.strip())
-
-
 def _grid_shape(encoder_path: str, properties: Mapping) -> list[int]:
-    if properties.get("grid_shape"):
-        return [int(v) for v in properties["grid_shape"]]
+    if properties.get(schema.GRID_SHAPE):
+        return [int(v) for v in properties[schema.GRID_SHAPE]]
     import importlib
 
     import keras
@@ -425,13 +388,13 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
       `{"annotations": {"counts", "properties"}, "vocabulary": {"counts", "properties"}}`.
     """
     files = {s: beam_utils.match_files(beam_utils.join(examples_uri, s, "*.tfrecord"))
-             for s in io_utils.SPLITS}
+             for s in schema.SPLITS}
     if not files["train"]:
         raise RuntimeError(f"{examples_uri} has no train split: the vocabulary is built "
                            "from the train captions")
-    encoder_path = beam_utils.join(encoder_uri, "encoder.keras")
+    encoder_path = beam_utils.join(encoder_uri, schema.ENCODER_FILE)
     grid_shape = list(grid_shape or _grid_shape(encoder_path, encoder_properties or {}))
-    splits = [s for s in io_utils.SPLITS if files[s]]
+    splits = [s for s in schema.SPLITS if files[s]]
     runner = beam_utils.flag_value(list(beam_args), "runner") or config.runner
     _log(f"[{NAMESPACE}] runner {beam_utils.runner_name(runner)}, image size {image_size}, "
          f"grid {grid_shape}, splits {splits}, batch {config.min_batch_size}-"
@@ -464,9 +427,9 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
 
     # Counts from the Beam counters; runners that report none get them from the files.
     out_files = {s: beam_utils.match_files(
-        beam_utils.join(annotations_uri, s, f"{ANNOTATIONS_PREFIX}-*.tfrecord")) for s in splits}
+        beam_utils.join(annotations_uri, s, f"{schema.ANNOTATIONS_PREFIX}-*.tfrecord")) for s in splits}
     per_split = {}
-    for s in io_utils.SPLITS:
+    for s in schema.SPLITS:
         if metrics is not None:
             seen = metrics.get(f"{s}_seen", 0)
             accepted = metrics.get(f"{s}_accepted", 0)
@@ -476,7 +439,7 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
             dead = None
             seen = None
         per_split[s] = {"seen": seen, "accepted": accepted, "dead_lettered": dead}
-    dead_path = beam_utils.join(annotations_uri, DEAD_LETTERS_FILE)
+    dead_path = beam_utils.join(annotations_uri, schema.DEAD_LETTERS_FILE)
     if metrics is None:
         _log(f"[{NAMESPACE}] the runner reported no counters; counting the written files")
         dead_lines = {}
@@ -501,9 +464,11 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
         "seen": sum(r["seen"] for r in per_split.values()),
         "accepted": sum(r["accepted"] for r in per_split.values()),
         "rejected": sum(r["dead_lettered"] for r in per_split.values()),
-        **{s: per_split[s]["accepted"] for s in io_utils.SPLITS},
+        **{s: per_split[s]["accepted"] for s in schema.SPLITS},
     }
-    vocab_size = _count_lines(beam_utils.join(vocabulary_uri, "vocab.txt"))
+    import tensorflow as tf
+    vocab_size = (len(schema.read_vocabulary(vocabulary_uri)) if tf.io.gfile.exists(
+        beam_utils.join(vocabulary_uri, schema.VOCAB_FILE)) else 0)
     if vocab_size < len(text.RESERVED):
         raise RuntimeError(f"Preprocess wrote no vocabulary to {vocabulary_uri}")
     # Per-stage time: decode/serialize per image (micros), inference per batch
@@ -517,13 +482,13 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
     annotations = {
         "counts": counts,
         "properties": {
-            "grid_shape": grid_shape,
+            schema.GRID_SHAPE: grid_shape,
             "image_size": int(image_size),
             "splits": splits,
             "num_records": {s: per_split[s]["accepted"] for s in splits},
             "split_counts": per_split,
             "num_shards": max(1, config.num_shards),
-            "dead_letters": DEAD_LETTERS_FILE,
+            "dead_letters": schema.DEAD_LETTERS_FILE,
             "vocab_size": vocab_size,
             "runner": beam_utils.runner_name(runner),
             "seconds": round(seconds, 2),
@@ -532,7 +497,7 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
     }
     vocabulary = {
         "counts": {"vocab_size": vocab_size},
-        "properties": {"size": vocab_size, "path": "vocab.txt", "counts_path": "counts.json",
+        "properties": {"size": vocab_size, "path": schema.VOCAB_FILE, "counts_path": schema.COUNTS_FILE,
                        "min_count": config.vocab_min_count, "max_size": config.vocab_max_size},
     }
     return {"annotations": annotations, "vocabulary": vocabulary}
@@ -558,5 +523,5 @@ def run(ctx) -> dict:
     props["source"] = examples.properties.get("source", "")
     if results["annotations"]["counts"]["accepted"] == 0:
         raise RuntimeError("Preprocess encoded no image: see "
-                           f"{os.path.join(ctx.outputs['annotations'], DEAD_LETTERS_FILE)}")
+                           f"{os.path.join(ctx.outputs['annotations'], schema.DEAD_LETTERS_FILE)}")
     return results

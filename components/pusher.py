@@ -21,6 +21,8 @@ import shutil
 import sys
 import time
 
+from components import schema
+
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
 PUSH_RECORD = os.path.join("assets.extra", "captioner_push.json")
@@ -137,14 +139,11 @@ def _export(ctx, path: str, record: dict) -> None:
     import keras
     import models.encoder  # noqa: F401  (registers the custom layers)
     import models.show_attend_tell  # noqa: F401
-    from serving.export import export_saved_model, load_vocabulary
+    from serving.export import export_saved_model
     cfg = ctx.config.push
-    model_file = ctx.inputs["model"].path("best.keras")
-    if not os.path.exists(model_file):
-        model_file = ctx.inputs["model"].path("model.keras")
-    decoder = keras.saving.load_model(model_file)
-    encoder = keras.saving.load_model(ctx.inputs["encoder"].path("encoder.keras"))
-    vocabulary = load_vocabulary(ctx.inputs["vocabulary"].path("vocab.txt"))
+    decoder = keras.saving.load_model(schema.model_file(ctx.inputs["model"].uri))
+    encoder = keras.saving.load_model(ctx.inputs["encoder"].path(schema.ENCODER_FILE))
+    vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
     export_saved_model(path, encoder, decoder, vocabulary, beam_size=cfg.beam_size,
                        max_length=cfg.max_length, model_name=cfg.model_name,
                        num_warmup_requests=cfg.num_warmup_requests)

@@ -25,17 +25,11 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from components import io_utils
+from components import schema
 from models.text import PAD_ID
 
 # Batches of one length-sorted window (bucket_by_length), per replica.
 BUCKET_WINDOW_BATCHES = 8
-
-TRAIN_FEATURES = {
-    "annotations": tf.io.FixedLenFeature([], tf.string),
-    "captions/tokens": tf.io.VarLenFeature(tf.int64),
-    "captions/lengths": tf.io.VarLenFeature(tf.int64),
-}
 
 
 def _read(files: Sequence[str], parallel_reads: int) -> tf.data.Dataset:
@@ -46,26 +40,12 @@ def _read(files: Sequence[str], parallel_reads: int) -> tf.data.Dataset:
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def parse_record(serialized, grid_shape: Sequence[int]):
-    """One Annotations record -> `annotations` (L, D) float16, `tokens`, `lengths` int32.
-
-    `tokens` holds every caption of the image concatenated (each `<start> ..
-    <end>`); `lengths` the length of each.
-    """
-    h, w, d = (int(v) for v in grid_shape)
-    ex = tf.io.parse_single_example(serialized, TRAIN_FEATURES)
-    grid = tf.reshape(tf.io.decode_raw(ex["annotations"], tf.float16), [h * w, d])
-    return {"annotations": grid,
-            "tokens": tf.cast(tf.sparse.to_dense(ex["captions/tokens"]), tf.int32),
-            "lengths": tf.cast(tf.sparse.to_dense(ex["captions/lengths"]), tf.int32)}
-
-
 def pick_caption(index, record, seed: int, epoch):
     """One of the image's captions, drawn with a stateless op seeded by (seed, epoch, index).
 
     Args:
       index: the image's position in the split (int64 scalar).
-      record: from `parse_record`.
+      record: from `schema.parse_annotations`.
       seed: `train.seed`.
       epoch: int or int64 scalar.
     Returns:
@@ -134,7 +114,7 @@ class TrainData:
         if self._source is None:
             grid = list(self.grid_shape)
             ds = _read(self.files, self.parallel_reads).map(
-                lambda r: parse_record(r, grid), num_parallel_calls=tf.data.AUTOTUNE)
+                lambda r: schema.parse_annotations(r, grid), num_parallel_calls=tf.data.AUTOTUNE)
             ds = ds.enumerate()
             if self.cache:
                 ds = ds.cache()
@@ -281,39 +261,16 @@ def load_eval_set(files: Sequence[str], grid_shape: Sequence[int], max_images: i
     from models import text as text_lib
     h, w, d = (int(v) for v in grid_shape)
     ids, grids, captions, references = [], [], [], []
-    spec = dict(TRAIN_FEATURES)
-    spec["image/id"] = tf.io.FixedLenFeature([], tf.string, default_value="")
-    spec["captions/text"] = tf.io.VarLenFeature(tf.string)
     if max_images <= 0 or not files:
         return EvalSet([], np.zeros((0, h * w, d), np.float32), [], [])
-
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        return {k: tf.sparse.to_dense(v) if isinstance(v, tf.SparseTensor) else v
-                for k, v in ex.items()}
-
-    for ex in _read(files, 4).take(max_images).map(parse).as_numpy_iterator():
-        grids.append(io_utils.decode_float16_grid(ex["annotations"], (h, w, d)))
-        tokens = ex["captions/tokens"].astype(np.int32)
-        lengths = ex["captions/lengths"].astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        caps = [tokens[s:s + n] for s, n in zip(starts, lengths)]
-        texts = [" ".join(text_lib.normalize(t.decode("utf-8")))
-                 for t in ex["captions/text"]]
+    for serialized in _read(files, 4).take(max_images).as_numpy_iterator():
+        record = schema.decode_annotations(serialized)
+        texts = [" ".join(text_lib.normalize(t)) for t in record.texts]
         if not texts and id_to_word is not None:
-            texts = [text_lib.decode(c[1:], id_to_word) for c in caps]
-        ids.append(ex["image/id"].decode("utf-8") or str(len(ids)))
-        captions.append(caps)
+            texts = [text_lib.decode(c[1:], id_to_word) for c in record.captions]
+        ids.append(record.image_id or str(len(ids)))
+        grids.append(record.grid)
+        captions.append(record.captions)
         references.append([t for t in texts if t] or [""])
     return EvalSet(ids, np.stack(grids) if grids else np.zeros((0, h * w, d), np.float32),
                    captions, references)
-
-
-def split_files(annotations_uri: str, split: str) -> list[str]:
-    """The shards of one split of an Annotations artifact (`<uri>/<split>/*.tfrecord`).
-
-    Through `tf.io.gfile`, so `gs://` and `s3://` artifacts work too.
-    """
-    if "://" not in annotations_uri:
-        return io_utils.split_files(annotations_uri, split)
-    return sorted(tf.io.gfile.glob(f"{annotations_uri.rstrip('/')}/{split}/*.tfrecord"))

@@ -1,65 +1,24 @@
-"""The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4)."""
+"""The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4).
+
+The model's forward pass and decoding step live here; its training objective
+(loss terms, REINFORCE, the reward baseline) is `models/objective.py`, and the
+hand-written gradients of its time loop are `models/hoisted_gradients.py`.
+Training runs through the Trainer's step (components/trainer/step.py), not
+`model.fit`.
+"""
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from models import losses
+from models import hoisted_gradients, objective
 from models.hard_attention import INFERENCE_MODES, HardAttention
 from models.soft_attention import SoftAttention
 
 ATTENTIONS = ("soft", "hard")
-REINFORCE_CREDITS = ("sequence", "token")
-REINFORCE_BASELINES = ("moving_average", "expected")
-# Scalar entries of `compute_loss_terms()`, logged by `train_step`/`test_step`.
-SCALAR_TERMS = ("loss", "nll", "attention_penalty", "attention_entropy", "num_tokens",
-                "reward", "baseline", "reinforce_term", "used_expected_alpha")
+REINFORCE_CREDITS, REINFORCE_BASELINES = objective.REINFORCE_CREDITS, objective.REINFORCE_BASELINES
 
-
-def _matmul_without_weight_grad(x, w, w_t):
-    """`x @ w` whose gradient reaches `x` only, as `dy @ w_t` with `w_t = w^T` precomputed.
-
-    Inside the time loop: the weight's gradient is added once for all steps
-    by `_hoisted_weight_grads`, and the untransposed `w_t` makes the
-    per-step input gradient a plain (faster) matmul.
-    """
-    @tf.custom_gradient
-    def matmul(x):
-        def grad(dy):
-            return tf.matmul(dy, w_t)
-        return tf.matmul(x, w), grad
-    return matmul(x)
-
-
-def _hoisted_weight_grads(x_time, weights, inputs):
-    """Identity on the gate inputs `x_time` (T, batch, 4n) that also carries the
-    gradients of the recurrent weights.
-
-    The gates are `G_t = x_t + sum_k in_k,t W_k`, so the gradient reaching
-    `x_t` is `dG_t` and `dW_k = sum_t in_k,t^T dG_t`: one (T*batch)-row matmul
-    per weight after the loop instead of a 64-row matmul and an accumulation
-    per step inside it. `inputs` is a dict filled with the (T, batch, in_k)
-    step inputs after the loop is built; the gradient runs later, when they
-    exist.
-
-    Args:
-      x_time: (T, batch, 4n).
-      weights: list of (in_k, 4n) weight tensors used with
-        `_matmul_without_weight_grad` in the loop.
-      inputs: dict index k -> (T, batch, in_k) tensor, filled after the loop.
-    """
-    @tf.custom_gradient
-    def inject(x, *ws):
-        def grad(dx):
-            flat = tf.reshape(dx, [-1, tf.shape(dx)[-1]])                  # (T*batch, 4n)
-            grads = []
-            for k, w in enumerate(ws):
-                rows = tf.reshape(inputs[k], [-1, tf.shape(w)[0]])       # (T*batch, in_k)
-                grads.append(tf.matmul(rows, flat, transpose_a=True))
-            return (dx, *grads)
-        return tf.identity(x), grad
-    return inject(x_time, *weights)
 
 
 @keras.saving.register_keras_serializable(package="captioner")
@@ -123,6 +82,7 @@ class ShowAttendTell(keras.Model):
         advantage is then how much better the sampled region predicts the
         word than the blend, so word difficulty no longer adds variance; it
         costs a second LSTM cell update per step and a second deep output.
+        (The moving average's value is the non-trainable weight `reward_baseline`.)
       hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
       seed: optional int; seeds the sampler, the dropout and the coin flips.
       annotation_gradients: back-propagate into the annotations (to fine-tune
@@ -142,7 +102,7 @@ class ShowAttendTell(keras.Model):
     """
 
     # Compute the recurrent weights' gradients after the time loop (see
-    # `_hoisted_weight_grads`); False gives plain autodiff (tests compare them).
+    # `models.hoisted_gradients`); False gives plain autodiff (tests compare them).
     _hoist_weight_grads = True
 
     def __init__(self, vocab_size: int, embedding_dim: int = 128, hidden_dim: int = 256,
@@ -183,8 +143,7 @@ class ShowAttendTell(keras.Model):
         if reinforce_baseline == "expected" and reinforce_credit != "token":
             raise ValueError('reinforce_baseline="expected" is a per-word baseline: it needs '
                              'reinforce_credit="token"')
-        # (`self.reinforce_baseline` is the moving-average variable.)
-        self.reinforce_baseline_kind = reinforce_baseline
+        self.reinforce_baseline = reinforce_baseline
         self.hard_inference = hard_inference
         self.seed = seed
         self.annotation_gradients = bool(annotation_gradients)
@@ -252,9 +211,10 @@ class ShowAttendTell(keras.Model):
                 None if seed is None else seed + 2, name="expected_alpha_seed")
             # aggregation="mean": assigning from a tf.distribute replica context
             # all-reduces the replicas' values, so every replica keeps the same b.
-            self.reinforce_baseline = self.add_weight(
+            # `b`, the moving-average reward baseline (`models.objective`).
+            self.reward_baseline = self.add_weight(
                 shape=(), initializer="zeros", dtype="float32", trainable=False,
-                autocast=False, aggregation="mean", name="reinforce_baseline")
+                autocast=False, aggregation="mean", name="reward_baseline")
             self.baseline_updates = self.add_weight(
                 shape=(), initializer="zeros", dtype="float32", trainable=False,
                 autocast=False, aggregation="mean", name="baseline_updates")
@@ -320,12 +280,12 @@ class ShowAttendTell(keras.Model):
         c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
         return ops.cast(ops.sigmoid(o) * ops.tanh(c), self.compute_dtype), c
 
-    def _step(self, x_t, h, c, annotations, projected, mask, training, use_expected, noise,
+    def _step(self, x_t, h, c, annotations, projected, *, mask, training, use_expected, noise,
               recurrent=None, counterfactual=False):
         """One recurrence step from `h_{t-1}, c_{t-1}`; `x_t` is the E y_{t-1} gate part.
 
         `recurrent`: inside the training loop, `(W_z, W_z^T, U, U^T)` for
-        `_matmul_without_weight_grad`; None uses the Dense layers.
+        `hoisted_gradients.matmul_without_weight_grad`; None uses the Dense layers.
         `counterfactual`: hard attention in training: also return what this
         step would have given with the expected context, `(h_e, z_e)` from
         the same `h_{t-1}, c_{t-1}` (the `"expected"` reward baseline); else None.
@@ -340,8 +300,8 @@ class ShowAttendTell(keras.Model):
             gates = base + self.lstm_context(z)
         else:
             w_z, w_z_t, u, u_t = recurrent
-            base = x_t + _matmul_without_weight_grad(h, u, u_t)
-            gates = base + _matmul_without_weight_grad(z, w_z, w_z_t)
+            base = x_t + hoisted_gradients.matmul_without_weight_grad(h, u, u_t)
+            gates = base + hoisted_gradients.matmul_without_weight_grad(z, w_z, w_z_t)
         expected = None
         if counterfactual:
             z_e = tf.stop_gradient(self.attention_layer.weighted_context(alpha, annotations))
@@ -372,7 +332,7 @@ class ShowAttendTell(keras.Model):
         logits = ops.cast(self.output_logits(deep), "float32")
         return logits[0], logits[1]
 
-    def _recurrence(self, x_gates, state, annotations, projected, mask, training,
+    def _recurrence(self, x_gates, state, annotations, projected, *, mask, training,
                     use_expected, noise):
         """Runs `_step` over time in one `tf.while_loop`; inputs/outputs are batch-major."""
         x_time = tf.transpose(x_gates, [1, 0, 2])                      # (T, batch, 4n)
@@ -381,12 +341,12 @@ class ShowAttendTell(keras.Model):
         recurrent = None
         if self._hoist_weight_grads:
             # W_z and U enter the loop without their gradient, which is added
-            # after the loop from the stacked step inputs (_hoisted_weight_grads).
+            # after the loop from the stacked step inputs (`models.hoisted_gradients`).
             w_z = tf.cast(self.lstm_context.kernel, self.compute_dtype)
             u = tf.cast(self.lstm_recurrent.kernel, self.compute_dtype)
             recurrent = (tf.stop_gradient(w_z), tf.stop_gradient(tf.transpose(w_z)),
                          tf.stop_gradient(u), tf.stop_gradient(tf.transpose(u)))
-            x_time = _hoisted_weight_grads(x_time, [w_z, u], step_inputs)
+            x_time = hoisted_gradients.hoisted_weight_grads(x_time, [w_z, u], step_inputs)
         xs = tf.TensorArray(x_time.dtype, size=steps, element_shape=x_time.shape[1:])
         xs = xs.unstack(x_time)
         noises = None
@@ -403,7 +363,7 @@ class ShowAttendTell(keras.Model):
             outputs["beta"] = array(self.compute_dtype)
         if self._hard:
             outputs["sample_log_prob"] = array("float32")
-        counterfactual = self._hard and training and self.reinforce_baseline_kind == "expected"
+        counterfactual = self._hard and training and self.reinforce_baseline == "expected"
         if counterfactual:
             outputs["h_expected"] = array(self.compute_dtype)
             outputs["z_expected"] = array(self.compute_dtype)
@@ -411,8 +371,9 @@ class ShowAttendTell(keras.Model):
         def body(t, h, c, outputs):
             noise_t = None if noises is None else noises.read(t)
             h, c, z, alpha, beta, sample_log_prob, expected = self._step(
-                xs.read(t), h, c, annotations, projected, mask, training, use_expected, noise_t,
-                recurrent, counterfactual)
+                xs.read(t), h, c, annotations, projected, mask=mask, training=training,
+                use_expected=use_expected, noise=noise_t, recurrent=recurrent,
+                counterfactual=counterfactual)
             values = {"h": h, "z": z, "alpha": alpha, "beta": beta,
                       "sample_log_prob": sample_log_prob}
             if expected is not None:
@@ -433,8 +394,21 @@ class ShowAttendTell(keras.Model):
             result[key] = tf.transpose(value, perm)
         return result
 
-    def _forward(self, annotations, tokens, mask=None, training=False, use_expected=None):
-        """Teacher-forced pass; returns logits, alpha, beta (and sample log-probs when hard)."""
+    def teacher_forced(self, annotations, tokens, mask=None, training=False,
+                       use_expected=None):
+        """Teacher-forced pass over input tokens `<start> w1 .. wn`.
+
+        Args:
+          annotations: (batch, L, D).
+          tokens: (batch, T) int inputs.
+          mask: optional (batch, L) bool over regions.
+          training: dropout, and hard attention samples its locations.
+          use_expected: hard attention: scalar bool, use the expected context.
+        Returns:
+          dict: `logits` (batch, T, V), `alpha` (batch, T, L), `beta` (batch, T),
+          float32; hard attention also `sample_log_prob` (batch, T), and with
+          `reinforce_baseline="expected"` in training `expected_logits`.
+        """
         annotations = ops.cast(annotations, self.compute_dtype)        # (batch, L, D)
         if not self.annotation_gradients:
             annotations = ops.stop_gradient(annotations)
@@ -450,8 +424,8 @@ class ShowAttendTell(keras.Model):
             shape = tf.shape(annotations)
             noise = self.attention_layer.sample_noise(
                 tf.stack([tf.shape(tokens)[1], shape[0], shape[1]]))    # (T, batch, L)
-        rec = self._recurrence(x_gates, state, annotations, projected, mask, training,
-                               use_expected, noise)
+        rec = self._recurrence(x_gates, state, annotations, projected, mask=mask,
+                               training=training, use_expected=use_expected, noise=noise)
         if "h_expected" in rec:
             # Both deep outputs share one dropout mask, so that the reward
             # minus its baseline measures the sampled context alone.
@@ -475,7 +449,7 @@ class ShowAttendTell(keras.Model):
     # ------------------------------------------------------------- public API
 
     def call(self, inputs, training=None):
-        out = self._forward(inputs["annotations"], inputs["tokens"], inputs.get("mask"),
+        out = self.teacher_forced(inputs["annotations"], inputs["tokens"], inputs.get("mask"),
                             training=bool(training))
         return {"logits": out["logits"], "alpha": out["alpha"], "beta": out["beta"]}
 
@@ -535,173 +509,30 @@ class ShowAttendTell(keras.Model):
         return log_probs, alpha, (h, c)
 
     def update_baseline(self, mean_reward, skip=None):
-        """Moves the REINFORCE baseline: `b <- decay * b + (1 - decay) * mean_reward`.
+        """Moves the REINFORCE baseline (`models.objective.update_baseline`).
 
-        The first update sets `b` to `mean_reward`, so that early gradients
-        are not scaled by the whole log-likelihood. Called by
-        `compute_loss_terms(training=True)`; call it yourself only with
-        `update_baseline=False` there. Safe in a `tf.distribute` replica
-        context: the variables are mean-aggregated, so all replicas end with
-        the mean of their updates.
-
-        Args:
-          mean_reward: scalar mean reward over the minibatch: of `log p(y | s, a)`
-            per caption, or of `log p(y_t)` per word with `reinforce_credit="token"`.
-          skip: optional scalar bool; when true nothing changes (minibatches
-            trained with the expected alpha do not estimate the sampled reward).
+        Called by `compute_loss_terms(training=True)`; call it yourself only
+        with `update_baseline=False` there.
         """
-        mean_reward = ops.cast(mean_reward, "float32")
-        b, count = self.reinforce_baseline, self.baseline_updates
-        decay = self.baseline_decay
-        new_b = ops.where(count > 0, decay * b + (1.0 - decay) * mean_reward, mean_reward)
-        new_count = count + 1.0
-        if skip is not None:
-            new_b = ops.where(skip, b, new_b)
-            new_count = ops.where(skip, count, new_count)
-        b.assign(new_b)
-        count.assign(new_count)
+        objective.update_baseline(self, mean_reward, skip)
 
     def compute_loss_terms(self, annotations, tokens, mask=None, training=True,
                            global_batch_size=None, update_baseline=True):
-        """Every loss term of one minibatch; `loss` is the scalar to minimize.
-
-        `loss = nll + attention_penalty` (soft) and, for hard attention,
-        `+ reinforce_term - entropy_lambda * attention_entropy` (section 4.1,
-        equation 12): the REINFORCE term's gradient is `-lambda_r (log p(y|s,a)
-        - b) d log p(s|a)` and the NLL's gradient through the sampled context is
-        the first term of equation 12. With probability `expected_alpha_prob`
-        per minibatch the expected alpha replaces the sample; then the NLL is
-        back-propagated through alpha and the REINFORCE term is 0.
-
-        Normalisation: token terms (`nll`, `attention_entropy`,
-        `reinforce_term`) are sums over real target tokens divided by the
-        number of real tokens in this batch; `attention_penalty` is the batch
-        mean. Under `tf.distribute` pass `global_batch_size`: `loss` is then
-        multiplied by `local_batch / global_batch_size`, so summing the
-        replicas' gradients (what the optimizer's all-reduce does) gives the
-        gradient of the global mean (exact for the batch-mean terms, a batch-
-        weighted mean of the replicas' token means otherwise). For an exact
-        global token mean, all-reduce `num_tokens` and use the per-example
-        sums (`example_nll`, ...) yourself.
-
-        The REINFORCE baseline is updated here, when `training` and
-        `update_baseline` are true, after its old value has been used.
+        """Every loss term of one minibatch (`models.objective.compute_loss_terms`).
 
         Args:
           annotations: (batch, L, D).
-          tokens: (batch, T + 1) int whole captions `<start> w.. <end> <pad>..`;
-            inputs are `tokens[:, :-1]`, targets `tokens[:, 1:]`, PAD masked.
+          tokens: (batch, T + 1) whole captions; PAD masked.
           mask: optional (batch, L) bool over regions.
           training: dropout, sampling, coin flip and baseline update.
-          global_batch_size: see above; None = per-replica mean.
+          global_batch_size: scale `loss` by `local / global` batch (None: off).
           update_baseline: hard attention: update the moving-average baseline.
         Returns:
-          dict of float32 tensors: scalars `loss`, `nll`, `attention_penalty`,
-          `attention_entropy` (mean per real step, nats), `num_tokens`; for
-          hard attention also `reward` (mean `log p(y|s,a)` per caption, or
-          per word with `reinforce_credit="token"`), `sample_log_prob` (batch, T)
-          `log alpha_{t, s_t}` of each step's sampled region,
-          `baseline` (the value used; with `reinforce_baseline="expected"`
-          its mean per real word, and `token_baseline` (batch, T) the
-          per-word values), `reinforce_term`, `used_expected_alpha`
-          (1.0 or 0.0); per example (batch,): `example_nll` (sum over
-          tokens), `example_tokens`, `example_penalty`; and the forward
-          outputs `logits`, `alpha`.
+          dict of float32 tensors; `loss` is the scalar to minimize.
         """
-        tokens = ops.cast(tokens, "int32")
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        used_expected = None
-        if self._hard and training:
-            used_expected = keras.random.uniform(
-                (), seed=self.expected_alpha_seed) < self.expected_alpha_prob
-            if self.expected_alpha_warmup > 0:
-                used_expected = ops.logical_or(
-                    used_expected, self.hard_training_steps < float(self.expected_alpha_warmup))
-            self.hard_training_steps.assign(self.hard_training_steps + 1.0)
-        out = self._forward(annotations, inputs, mask, training=training,
-                            use_expected=used_expected)
-        steps = losses.step_mask(targets)                               # (batch, T)
-        example_tokens = ops.sum(steps, axis=1)
-        num_tokens = ops.sum(example_tokens)
-        denominator = ops.maximum(num_tokens, 1.0)
-        token_nll = losses.masked_nll(out["logits"], targets)          # (batch, T)
-        example_nll = ops.sum(token_nll, axis=1)
-        nll = ops.sum(example_nll) / denominator
-        example_penalty = losses.doubly_stochastic_penalty(
-            out["alpha"], steps, 0.0 if self._hard else self.doubly_stochastic_lambda)
-        attention_penalty = ops.mean(example_penalty)
-        example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
-        attention_entropy = ops.sum(example_entropy) / denominator
-        loss = nll + attention_penalty
-        terms = {"nll": nll, "attention_penalty": attention_penalty,
-                 "attention_entropy": attention_entropy, "num_tokens": num_tokens,
-                 "example_nll": example_nll, "example_tokens": example_tokens,
-                 "example_penalty": example_penalty,
-                 "logits": out["logits"], "alpha": out["alpha"]}
-        if self._hard:
-            if self.reinforce_credit == "token":
-                reward = -token_nll                                     # log p(y_t|...), (batch, T)
-                mean_reward = ops.sum(reward) / denominator
-            else:
-                reward = -example_nll                                   # log p(y|s,a), (batch,)
-                mean_reward = ops.mean(reward)
-            baseline = ops.where(self.baseline_updates > 0,
-                                 ops.convert_to_tensor(self.reinforce_baseline), mean_reward)
-            expected_baseline = "expected_logits" in out
-            if expected_baseline:
-                # log p(y_t) had step t used the expected context (per word).
-                baseline = -losses.masked_nll(out["expected_logits"], targets)
-            if training:
-                used = ops.cast(used_expected, "float32")
-                if self.reinforce_credit == "token":
-                    surrogate = losses.reinforce_surrogate(
-                        reward, baseline, out["sample_log_prob"], self.reinforce_lambda) * steps
-                else:
-                    sample_log_prob = ops.sum(out["sample_log_prob"] * steps, axis=1)
-                    surrogate = losses.reinforce_surrogate(
-                        reward, baseline, sample_log_prob, self.reinforce_lambda)
-                reinforce_term = (1.0 - used) * ops.sum(surrogate) / denominator
-            else:
-                used = ops.convert_to_tensor(
-                    1.0 if self.hard_inference == "expected" else 0.0, "float32")
-                reinforce_term = ops.zeros((), "float32")
-            loss = loss + reinforce_term - self.entropy_lambda * attention_entropy
-            terms.update({"reward": mean_reward,
-                          "baseline": (ops.sum(baseline) / denominator if expected_baseline
-                                       else baseline),
-                          "reinforce_term": reinforce_term, "used_expected_alpha": used,
-                          "sample_log_prob": out["sample_log_prob"]})
-            if expected_baseline:
-                terms["token_baseline"] = baseline                      # (batch, T)
-            if training and update_baseline and not expected_baseline:
-                self.update_baseline(mean_reward, skip=used_expected)
-        if global_batch_size is not None:
-            local = ops.cast(ops.shape(tokens)[0], "float32")
-            loss = loss * local / ops.cast(global_batch_size, "float32")
-        terms["loss"] = loss
-        return terms
-
-    # ------------------------------------------------------------ model.fit
-
-    def train_step(self, data):
-        """`model.fit` step on `{"annotations", "tokens"(, "mask")}` (whole captions)."""
-        x = data[0] if isinstance(data, (tuple, list)) else data
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        with tf.GradientTape() as tape:
-            terms = self.compute_loss_terms(x["annotations"], x["tokens"], mask=x.get("mask"),
-                                            training=True)
-            loss = self.optimizer.scale_loss(terms["loss"] / replicas)
-        variables = self.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply_gradients(zip(grads, variables))
-        return {k: terms[k] for k in SCALAR_TERMS if k in terms}
-
-    def test_step(self, data):
-        """`model.evaluate` step: the same terms without sampling or updates."""
-        x = data[0] if isinstance(data, (tuple, list)) else data
-        terms = self.compute_loss_terms(x["annotations"], x["tokens"], mask=x.get("mask"),
-                                        training=False)
-        return {k: terms[k] for k in SCALAR_TERMS if k in terms}
+        return objective.compute_loss_terms(
+            self, annotations, tokens, mask=mask, training=training,
+            global_batch_size=global_batch_size, update_baseline_now=update_baseline)
 
     def get_config(self):
         config = super().get_config()
@@ -714,7 +545,7 @@ class ShowAttendTell(keras.Model):
             "expected_alpha_prob": self.expected_alpha_prob,
             "expected_alpha_warmup": self.expected_alpha_warmup,
             "reinforce_credit": self.reinforce_credit,
-            "reinforce_baseline": self.reinforce_baseline_kind,
+            "reinforce_baseline": self.reinforce_baseline,
             "baseline_decay": self.baseline_decay, "hard_inference": self.hard_inference,
             "seed": self.seed, "annotation_gradients": self.annotation_gradients,
         })

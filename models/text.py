@@ -35,8 +35,15 @@ def encode(words: list[str], word_to_id: dict[str, int], max_length: int = 0) ->
     return [START_ID] + [word_to_id.get(w, UNK_ID) for w in words] + [END_ID]
 
 
-def decode(ids, id_to_word: list[str]) -> str:
-    """Ids to a caption string, stopping at `<end>` and skipping reserved tokens."""
+def decode_words(ids, id_to_word: list[str]) -> list[str]:
+    """Token ids to words: stops at `<end>`, skips `<pad>`/`<start>`, unknown ids are `<unk>`.
+
+    Args:
+      ids: token ids (any iterable of ints).
+      id_to_word: the vocabulary (a token's id is its index).
+    Returns:
+      The caption's words.
+    """
     words = []
     for i in ids:
         i = int(i)
@@ -45,4 +52,9 @@ def decode(ids, id_to_word: list[str]) -> str:
         if i in (PAD_ID, START_ID):
             continue
         words.append(id_to_word[i] if 0 <= i < len(id_to_word) else UNK)
-    return " ".join(words)
+    return words
+
+
+def decode(ids, id_to_word: list[str]) -> str:
+    """Token ids to a caption string (`decode_words` joined by spaces)."""
+    return " ".join(decode_words(ids, id_to_word))

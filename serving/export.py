@@ -145,8 +145,3 @@ def write_warmup_requests(path: str, model_name: str, image_size: int, count: in
             writer.write(log.SerializeToString())
     return out
 
-
-def load_vocabulary(path: str) -> list[str]:
-    """`vocab.txt` (one token per line) as a list."""
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]

@@ -79,9 +79,9 @@ def test_serve_and_caption_through_the_client(tiny_run):
 
 def _test_ids(examples_uri):
     import tensorflow as tf
-    from components import io_utils
+    from components import io_utils, schema
     ids = set()
-    for record in io_utils.read_records(io_utils.split_files(examples_uri, "test")):
+    for record in io_utils.read_records(schema.split_files(examples_uri, "test")):
         ex = tf.train.Example.FromString(record)
         ids.add(ex.features.feature["image/id"].bytes_list.value[0].decode())
     return ids

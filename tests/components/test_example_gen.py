@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import example_gen, io_utils
+from components import example_gen, io_utils, schema
 from components.sources.base import RawExample
 from pipeline.config import DataConfig
 
@@ -21,7 +21,7 @@ def _image_bytes(fmt="PNG", size=(12, 10), color=(200, 10, 10)):
 
 def _read_split(uri, split):
     out = []
-    for record in io_utils.read_records(io_utils.split_files(uri, split)):
+    for record in io_utils.read_records(schema.split_files(uri, split)):
         ex = tf.train.Example.FromString(record)
         f = ex.features.feature
         out.append({"id": f["image/id"].bytes_list.value[0].decode(),
@@ -30,12 +30,12 @@ def _read_split(uri, split):
                     "height": f["image/height"].int64_list.value[0],
                     "width": f["image/width"].int64_list.value[0],
                     "captions": [c.decode() for c in f["captions"].bytes_list.value],
-                    "objects": io_utils.parse_objects(f)})
+                    "objects": schema.parse_objects(f)})
     return out
 
 
 def _read_all(uri):
-    return {split: _read_split(uri, split) for split in io_utils.SPLITS}
+    return {split: _read_split(uri, split) for split in schema.SPLITS}
 
 
 def _dead_letters(uri):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import beam_utils, example_gen, io_utils, preprocess
+from components import beam_utils, example_gen, io_utils, preprocess, schema
 from components.sources.base import RawExample
 from models import text
 from models.encoder import build_encoder
@@ -68,14 +68,14 @@ def _raw_examples() -> list[RawExample]:
 def _bad_record(image_id: str = BAD_ID, with_image: bool = True) -> bytes:
     """An Example whose image bytes do not decode (ExampleGen would have rejected it)."""
     feature = {
-        "image/id": io_utils.bytes_feature([image_id.encode()]),
-        "image/format": io_utils.bytes_feature([b"png"]),
-        "image/height": io_utils.int_feature([16]),
-        "image/width": io_utils.int_feature([16]),
-        "captions": io_utils.bytes_feature([b"a broken image"]),
+        "image/id": schema.bytes_feature([image_id.encode()]),
+        "image/format": schema.bytes_feature([b"png"]),
+        "image/height": schema.int_feature([16]),
+        "image/width": schema.int_feature([16]),
+        "captions": schema.bytes_feature([b"a broken image"]),
     }
     if with_image:
-        feature["image/encoded"] = io_utils.bytes_feature([CORRUPT_PNG])
+        feature["image/encoded"] = schema.bytes_feature([CORRUPT_PNG])
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -130,8 +130,8 @@ def _run(artifacts, name: str, preprocess_config=PREPROCESS, beam_args=()) -> tu
 def _records(annotations_uri: str) -> dict[str, dict]:
     """image id -> parsed annotation record (with its split)."""
     records = {}
-    for split in io_utils.SPLITS:
-        for raw in io_utils.read_records(io_utils.split_files(annotations_uri, split)):
+    for split in schema.SPLITS:
+        for raw in io_utils.read_records(schema.split_files(annotations_uri, split)):
             f = tf.train.Example.FromString(raw).features.feature
             image_id = f["image/id"].bytes_list.value[0].decode()
             assert image_id not in records
@@ -142,7 +142,7 @@ def _records(annotations_uri: str) -> dict[str, dict]:
                 "tokens": list(f["captions/tokens"].int64_list.value),
                 "lengths": list(f["captions/lengths"].int64_list.value),
                 "texts": [t.decode() for t in f["captions/text"].bytes_list.value],
-                "objects": io_utils.parse_objects(f),
+                "objects": schema.parse_objects(f),
             }
     return records
 
@@ -169,7 +169,7 @@ def test_records_parse_with_grid_shape_one_per_accepted_image(artifacts, in_proc
         assert sum(r["lengths"]) == len(r["tokens"])
         assert len(r["lengths"]) == len(r["texts"])
         assert r["objects"] and r["objects"][0]["shape"] in SHAPES
-    for split in io_utils.SPLITS:
+    for split in schema.SPLITS:
         names = sorted(os.listdir(os.path.join(outputs["annotations"], split)))
         assert names == [f"annotations-0000{i}-of-00002.tfrecord" for i in range(2)]
     assert records["img-08"]["split"] == "val" and records["img-11"]["split"] == "test"
@@ -185,7 +185,7 @@ def test_grid_equals_encoder_output(artifacts, in_process):
                        for i in ids])
     expected = model(images, training=False).numpy()  # (N, H, W, D)
     for k, image_id in enumerate(ids):
-        grid = io_utils.decode_float16_grid(records[image_id]["annotations"],
+        grid = schema.decode_float16_grid(records[image_id]["annotations"],
                                             artifacts["grid_shape"])
         ref = expected[k].reshape(-1, expected.shape[-1])  # (L, D), cell i = y*W + x
         np.testing.assert_allclose(grid, ref, rtol=2e-3, atol=2e-3)
@@ -221,11 +221,13 @@ def test_dead_letters_and_count_conservation(in_process):
     assert split_counts["train"] == {"seen": 9, "accepted": 8, "dead_lettered": 1}
     assert split_counts["val"] == {"seen": 3, "accepted": 2, "dead_lettered": 1}
     assert split_counts["test"] == {"seen": 2, "accepted": 2, "dead_lettered": 0}
-    with open(os.path.join(outputs["annotations"], preprocess.DEAD_LETTERS_FILE)) as f:
+    with open(os.path.join(outputs["annotations"], schema.DEAD_LETTERS_FILE)) as f:
         lines = sorted((json.loads(line) for line in f if line.strip()),
                        key=lambda d: d["id"])
     assert [(d["id"], d["split"]) for d in lines] == [(BAD_ID, "train"), (NO_IMAGE_ID, "val")]
-    assert set(lines[0]) == {"id", "split", "reason"}
+    # One dead-letter shape for every stage (components.schema.dead_letter).
+    assert all(list(d) == ["id", "reason", "split", "path"] for d in lines)
+    assert lines[1]["path"].endswith(".tfrecord")   # the shard the bad record came from
     assert lines[0]["reason"].startswith("undecodable image")
     assert lines[1]["reason"].startswith("unparseable record")
     assert "image/encoded" in lines[1]["reason"]
@@ -363,5 +365,5 @@ def test_runs_under_the_pipeline_runner_and_publishes(artifacts, tmp_path, monke
     assert annotations.properties["grid_shape"] == artifacts["grid_shape"]
     assert annotations.properties["has_boxes"] is True
     assert vocabulary.properties["size"] == len(open(vocabulary.path("vocab.txt")).readlines())
-    assert os.path.exists(annotations.path(preprocess.DEAD_LETTERS_FILE))
+    assert os.path.exists(annotations.path(schema.DEAD_LETTERS_FILE))
     assert len(_records(annotations.uri)) == 12

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import distribute, train_data, trainer
+from components import distribute, schema, train_data, trainer
+from components.trainer import checkpointing, model_setup
 from models.text import PAD_ID
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifact
@@ -126,7 +127,7 @@ def _events(logs_dir: str) -> dict[str, list[tuple[int, object]]]:
 
 
 def _data(source, **kwargs) -> train_data.TrainData:
-    files = train_data.split_files(source["annotations"].uri, "train")
+    files = schema.split_files(source["annotations"].uri, "train")
     args = dict(global_batch_size=8, seed=0, shuffle_buffer=64, cache=True)
     args.update(kwargs)
     return train_data.TrainData(files, trainer_worker.GRID, **args)
@@ -189,8 +190,8 @@ def test_bucketing_pads_less_with_the_same_batches_and_skip_resumes(source):
 
 
 def test_eval_set_holds_every_reference(source):
-    files = train_data.split_files(source["annotations"].uri, "val")
-    vocab = trainer.read_vocabulary(source["vocabulary"].uri)
+    files = schema.split_files(source["annotations"].uri, "val")
+    vocab = schema.read_vocabulary(source["vocabulary"].uri)
     ev = train_data.load_eval_set(files, trainer_worker.GRID, 3, vocab)
     assert len(ev) == 3 and ev.annotations.shape == (3, 9, 8)
     assert all(len(r) == 3 for r in ev.references)
@@ -230,32 +231,32 @@ def test_non_chief_worker_does_not_run_the_stage(source, tmp_path, monkeypatch):
 
 
 def test_one_trainer_per_work_folder(tmp_path):
-    held = trainer._lock_work_dir(str(tmp_path))
+    held = checkpointing.lock_work_dir(str(tmp_path))
     try:
         with pytest.raises(RuntimeError, match=f"pid {os.getpid()}"):
-            trainer._lock_work_dir(str(tmp_path))
+            checkpointing.lock_work_dir(str(tmp_path))
     finally:
         held.close()
-    trainer._lock_work_dir(str(tmp_path)).close()   # free again
+    checkpointing.lock_work_dir(str(tmp_path)).close()   # free again
 
 
 def test_learning_rate_schedules():
     import keras
-    assert trainer.learning_rate_schedule(TrainConfig(learning_rate=0.1), 100) == 0.1
-    cosine = trainer.learning_rate_schedule(
+    assert model_setup.learning_rate_schedule(TrainConfig(learning_rate=0.1), 100) == 0.1
+    cosine = model_setup.learning_rate_schedule(
         TrainConfig(learning_rate=0.1, lr_schedule="cosine", warmup_steps=10), 110)
-    warm = trainer.learning_rate_schedule(
+    warm = model_setup.learning_rate_schedule(
         TrainConfig(learning_rate=0.1, lr_schedule="constant", warmup_steps=10), 110)
     lr = lambda s, k: float(s(k))  # noqa: E731
     assert lr(cosine, 5) == pytest.approx(0.05) and lr(cosine, 10) == pytest.approx(0.1)
     assert lr(cosine, 60) == pytest.approx(0.05, abs=1e-6) and lr(cosine, 110) < 1e-6
     assert lr(warm, 5) == pytest.approx(0.05) and lr(warm, 100) == pytest.approx(0.1)
-    opt = trainer.make_optimizer(TrainConfig(optimizer="rmsprop",
+    opt = model_setup.make_optimizer(TrainConfig(optimizer="rmsprop",
                                              mixed_precision="mixed_float16"), 10)
     assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
     assert isinstance(opt.inner_optimizer, keras.optimizers.RMSprop)
     with pytest.raises(ValueError, match="optimizer"):
-        trainer.make_optimizer(TrainConfig(optimizer="sgd"), 10)
+        model_setup.make_optimizer(TrainConfig(optimizer="sgd"), 10)
 
 
 # ----------------------------------------------------------------------------- training
@@ -290,7 +291,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
         model_config = json.load(f)
     assert model_config["vocab_size"] == 18 and model_config["model"]["attention"] == attention
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
-    assert trainer.weights_digest(model) == props["weights_digest"]
+    assert checkpointing.weights_digest(model) == props["weights_digest"]
     assert tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).endswith(
         f"ckpt-{4 * epochs}")
     events = _events(os.path.join(out, "logs"))
@@ -307,7 +308,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     if attention == "hard":
         baseline = [v for _, v in events["train/baseline"]]
         assert any(v != 0.0 for v in baseline)
-        assert props["baseline"] == pytest.approx(model.reinforce_baseline.numpy())
+        assert props["baseline"] == pytest.approx(model.reward_baseline.numpy())
         assert all(v == 1.0 for step, v in events["train/used_expected_alpha"] if step <= warmup)
         assert model.hard_training_steps.numpy() == 4 * epochs
         assert "val/bleu4" in events
@@ -425,7 +426,7 @@ def test_killed_training_resumes_from_its_checkpoint(source, tmp_path, capfd, mo
     for path in state.all_model_checkpoint_paths:
         reader = tf.train.load_checkpoint(path)
         steps.append(int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")))
-        assert any("reinforce_baseline" in k for k in reader.get_variable_to_shape_map())
+        assert any("reward_baseline" in k for k in reader.get_variable_to_shape_map())
     assert steps == sorted(steps) and steps[-1] == 16
     events = _events(os.path.join(work_dir, "logs"))
     logged = sorted({s for s, _ in events["train/baseline"]})

@@ -56,7 +56,7 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
       `(annotations_uri, vocabulary_uri)`.
     """
     import tensorflow as tf
-    from components import io_utils
+    from components import schema
     from models import text
     vocab = list(text.RESERVED) + list(WORDS)
     word_to_id = {w: i for i, w in enumerate(vocab)}
@@ -66,21 +66,15 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
     counts = {}
     for split, n, shards, offset in (("train", num_train, 2, 0), ("val", num_val, 1, 1000)):
         os.makedirs(os.path.join(annotations, split), exist_ok=True)
-        writers = [tf.io.TFRecordWriter(io_utils.shard_path(
+        writers = [tf.io.TFRecordWriter(schema.shard_path(
             os.path.join(annotations, split), "annotations", k, shards)) for k in range(shards)]
         for j in range(n):
             i = offset + j
             caps = _captions(i)
             ids = [text.encode(text.normalize(c), word_to_id) for c in caps]
-            feature = {
-                "image/id": io_utils.bytes_feature([f"img-{i}".encode()]),
-                "annotations": io_utils.bytes_feature([_grid(i, rng).tobytes()]),
-                "grid_shape": io_utils.int_feature(GRID),
-                "captions/tokens": io_utils.int_feature([t for c in ids for t in c]),
-                "captions/lengths": io_utils.int_feature([len(c) for c in ids]),
-                "captions/text": io_utils.bytes_feature([c.encode() for c in caps]),
-            }
-            ex = tf.train.Example(features=tf.train.Features(feature=feature))
+            ex = schema.encode_annotations(
+                f"img-{i}", _grid(i, rng).reshape(GRID), [t for c in ids for t in c],
+                [len(c) for c in ids], caps)
             writers[j % shards].write(ex.SerializeToString())
         for w in writers:
             w.close()
@@ -89,8 +83,8 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
                         fingerprint="tiny-annotations", inputs={}, config={}, counts=counts,
                         properties={"grid_shape": list(GRID), "num_records": counts})
     os.makedirs(vocabulary, exist_ok=True)
-    with open(os.path.join(vocabulary, "vocab.txt"), "w") as f:
-        f.write("\n".join(vocab) + "\n")
+    with open(os.path.join(vocabulary, schema.VOCAB_FILE), "w") as f:
+        f.write(schema.vocabulary_text(vocab))
     write_artifact_json(vocabulary, type="Vocabulary", producer="Preprocess", execution_id=1,
                         fingerprint="tiny-vocabulary", inputs={}, config={},
                         counts={"vocab_size": len(vocab)}, properties={"size": len(vocab)})

@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent("""
     loss, reward = step(next(iter(data)))
     single = model.compute_loss_terms(a, tokens, training=False)
     replicas = [float(v.numpy()) for v in
-                strategy.experimental_local_results(model.reinforce_baseline.value)]
+                strategy.experimental_local_results(model.reward_baseline.value)]
     print(json.dumps({"loss": float(loss), "single_loss": float(single["loss"]),
                       "reward": float(reward), "single_reward": float(single["reward"]),
                       "baselines": replicas}))

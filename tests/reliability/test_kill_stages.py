@@ -37,7 +37,7 @@ import time
 
 import pytest
 
-from components import io_utils, pusher
+from components import io_utils, pusher, schema
 from pipeline import dag
 from pipeline.artifacts import Artifact
 from pipeline.runner import inspect
@@ -165,7 +165,7 @@ def _last_id(root: str) -> int:
 
 
 def _ids_of(uri: str) -> dict[str, list[str]]:
-    return {s: record_ids(uri, s) for s in io_utils.SPLITS}
+    return {s: record_ids(uri, s) for s in schema.SPLITS}
 
 
 def check_published(root: str) -> list[str]:

@@ -29,7 +29,7 @@ import sys
 import pytest
 from PIL import Image
 
-from components import io_utils
+from components import io_utils, schema
 from components.sources.synthetic import generate
 from pipeline import config as config_lib
 from pipeline.artifacts import Artifact
@@ -132,7 +132,7 @@ def record_ids(uri: str, split: str) -> list[str]:
     """`image/id` of every record of one split of an Examples/Annotations artifact, in order."""
     import tensorflow as tf
     return [tf.train.Example.FromString(r).features.feature["image/id"].bytes_list.value[0]
-            .decode() for r in io_utils.read_records(io_utils.split_files(uri, split))]
+            .decode() for r in io_utils.read_records(schema.split_files(uri, split))]
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -202,10 +202,10 @@ def test_example_gen_dead_letters_exactly_the_bad_inputs(faulty_run):
     kinds = collections.Counter(r.split(":")[0] for rs in by_id.values() for r in rs)
     assert counts["dead_letter_reasons"] == dict(kinds)
     # Exactly the good images were written, each once, with their captions.
-    ids = [i for s in io_utils.SPLITS for i in record_ids(examples.uri, s)]
+    ids = [i for s in schema.SPLITS for i in record_ids(examples.uri, s)]
     assert len(ids) == len(set(ids)) == counts["accepted"]
     assert set(ids) == data["good"]
-    for split in io_utils.SPLITS:
+    for split in schema.SPLITS:
         assert len(record_ids(examples.uri, split)) == counts[split]
 
 
@@ -227,7 +227,7 @@ def test_downstream_stages_conserve_counts(faulty_run):
         assert d["id"] and d["reason"].startswith(("undecodable image", "unparseable record"))
     dead_ids = {d["id"] for d in dead}
     written = set()
-    for split in io_utils.SPLITS:
+    for split in schema.SPLITS:
         row = per_split[split]
         assert row["seen"] == ex[split]
         assert row["accepted"] + row["dead_lettered"] == row["seen"]

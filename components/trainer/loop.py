@@ -1,0 +1,419 @@
+"""The training loop: epochs of distributed steps, validation, best model, early stopping.
+
+One loop for every strategy: `strategy.run` of the step (components/trainer/step.py)
+on batches from `distribute_datasets_from_function` (components/train_data.py).
+Each epoch ends with validation on the chief, the best-model save, the
+early-stopping check and a checkpoint; checkpoints also go out every
+`train.checkpoint_every` steps. A re-run with the same work folder restores
+the latest checkpoint and skips the batches of the epoch already trained.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+from components import distribute, schema
+from components.trainer import checkpointing, summaries
+from components.trainer.export import LOG, TrainedRun, export
+from components.trainer.sync import broadcast_from_chief, chief_values
+from components.trainer.timing import Timing
+from components.trainer.validation import METRICS, Validator, improved
+
+# Epochs chained into one input dataset (building one costs ~0.15 s).
+EPOCHS_PER_DATASET = 8
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
+          work_dir: str, *, annotations_properties: Mapping | None = None,
+          vocabulary_properties: Mapping | None = None,
+          log: Callable[[str], None] = _log) -> dict:
+    """Trains the captioner with the custom distributed loop and writes the Model folder.
+
+    Args:
+      annotations_uri: the Annotations artifact folder (`train/`, `val/` TFRecords).
+      vocabulary_uri: the Vocabulary artifact folder (`vocab.txt`).
+      config: the `PipelineConfig` (its `model` and `train` sections are used).
+      output_uri: the Model folder to fill (the chief's; other workers of a
+        multi-worker job write temporary folders and delete them).
+      work_dir: checkpoints, logs and `best.keras` that survive a crash; a
+        re-run with the same folder resumes.
+      annotations_properties, vocabulary_properties: the artifacts'
+        properties (`grid_shape`, `num_records`, `size`), read from the
+        files when missing.
+      log: one line of progress text.
+    Returns:
+      `{"model": {"counts": ..., "properties": ...}}`; properties carry
+      `steps`, `examples_seen`, `wall_seconds`, `best_metric`, `best_epoch`,
+      `vocab_size`, `grid_shape`, `attention`, `is_chief`, `history`, ...
+    """
+    tcfg = config.train
+    if tcfg.early_stopping_metric not in METRICS:
+        raise ValueError(f"train.early_stopping_metric must be one of {METRICS}, "
+                         f"got {tcfg.early_stopping_metric!r}")
+    if tcfg.mixed_precision not in PRECISIONS:
+        raise ValueError("train.mixed_precision must be float32, mixed_float16 or "
+                         f"mixed_bfloat16, got {tcfg.mixed_precision!r}")
+    started = time.time()
+    # Before any other TF op: logical CPU devices and collective ops.
+    strategy = distribute.make_strategy(tcfg)
+    role = (distribute.cluster_role() if distribute.is_multi_worker(strategy)
+            else distribute.ClusterRole())
+    import keras
+    os.makedirs(work_dir, exist_ok=True)
+    lock = checkpointing.lock_work_dir(work_dir) if role.is_chief else None
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(tcfg.mixed_precision)
+    try:
+        inputs = read_inputs(strategy, role, config, annotations_uri, vocabulary_uri,
+                             annotations_properties=annotations_properties or {},
+                             vocabulary_properties=vocabulary_properties or {})
+        loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started)
+        stop_reason = loop.run()
+        loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
+        return export(loop.trained_run(output_uri))
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+        if lock is not None:
+            lock.close()
+
+
+@dataclasses.dataclass
+class TrainInputs:
+    """The data side of a run: vocabulary, grid, train batches, validation images, step counts."""
+    vocab_size: int
+    id_to_word: list
+    grid_shape: list
+    data: Any            # train_data.TrainData
+    eval_set: Any        # train_data.EvalSet
+    steps_per_epoch: int
+    total_steps: int
+
+
+def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: str, *,
+                annotations_properties: Mapping,
+                vocabulary_properties: Mapping) -> TrainInputs:
+    """Reads the artifacts and sizes the run.
+
+    Args:
+      strategy: the `tf.distribute.Strategy`.
+      role: this process' `distribute.ClusterRole`.
+      config: the `PipelineConfig`.
+      annotations_uri, vocabulary_uri: the input artifact folders.
+      annotations_properties, vocabulary_properties: their properties.
+    Returns:
+      The `TrainInputs`.
+    Raises:
+      ValueError, RuntimeError: a batch that the replicas cannot share, a
+        missing train split, or one with fewer images than a global batch.
+    """
+    import keras
+    from components import train_data
+    tcfg = config.train
+    replicas = strategy.num_replicas_in_sync
+    if tcfg.batch_size % replicas:
+        raise ValueError(f"train.batch_size={tcfg.batch_size} must be a multiple of the "
+                         f"{replicas} replicas of train.strategy={tcfg.strategy}")
+    keras.utils.set_random_seed(tcfg.seed)
+    id_to_word = schema.read_vocabulary(vocabulary_uri)
+    vocab_size = schema.vocabulary_size(vocabulary_uri, vocabulary_properties)
+    grid_shape = schema.annotations_grid_shape(annotations_uri, annotations_properties)
+    train_files = schema.split_files(annotations_uri, "train")
+    if not train_files:
+        raise RuntimeError(f"{annotations_uri} has no train split (train/*.tfrecord)")
+    data = train_data.TrainData(
+        train_files, grid_shape,
+        num_records=(annotations_properties.get("num_records") or {}).get("train"),
+        global_batch_size=tcfg.batch_size, seed=tcfg.seed,
+        shuffle_buffer=tcfg.shuffle_buffer, cache=tcfg.cache,
+        bucket_by_length=tcfg.bucket_by_length,
+        dtype=keras.mixed_precision.global_policy().compute_dtype,
+        pad_multiple=8 if tcfg.jit_compile else 1)
+    steps_per_epoch = data.steps_per_epoch(
+        role.num_workers if distribute.is_multi_worker(strategy) else 1)
+    if steps_per_epoch == 0:
+        raise RuntimeError(f"the train split has {data.num_records} images, fewer than one "
+                           f"global batch of {tcfg.batch_size} per worker: lower "
+                           "train.batch_size")
+    total_steps = steps_per_epoch * tcfg.epochs
+    if tcfg.max_steps > 0:
+        total_steps = min(total_steps, tcfg.max_steps)
+    eval_set = train_data.load_eval_set(schema.split_files(annotations_uri, "val"),
+                                        grid_shape, tcfg.val_examples, id_to_word)
+    return TrainInputs(vocab_size=vocab_size, id_to_word=id_to_word, grid_shape=grid_shape,
+                       data=data, eval_set=eval_set, steps_per_epoch=steps_per_epoch,
+                       total_steps=total_steps)
+
+
+class TrainingLoop:
+    """One training run's model, optimizer, checkpoints and loop state.
+
+    Args:
+      strategy: the `tf.distribute.Strategy`.
+      role: this process' `distribute.ClusterRole`.
+      config: the `PipelineConfig`.
+      inputs: from `read_inputs`.
+      work_dir: checkpoints, logs, history and `best.keras`.
+      log: one line of progress text (only the chief's lines are shown).
+      started: when the run began (default: now).
+    """
+
+    def __init__(self, strategy, role, config, inputs: TrainInputs, work_dir: str,
+                 log: Callable[[str], None], *, started: float | None = None):
+        self.strategy, self.role, self.config = strategy, role, config
+        self.inputs, self.work_dir, self.log = inputs, work_dir, log
+        self.tcfg = config.train
+        self.chief = role.is_chief
+        self.say = log if self.chief else (lambda line: None)
+        self.multi_worker = distribute.is_multi_worker(strategy)
+        self.final: dict = {}           # the last step's results
+        self._step_fn = self._iterator = None
+        self._iterator_end = 0          # the first epoch the iterator does not hold
+        self._announce()
+        self._build()
+        self._open_outputs()
+        self.timing = Timing(started=started or time.time())
+
+    def _announce(self) -> None:
+        tcfg, role, inputs = self.tcfg, self.role, self.inputs
+        if not self.chief:
+            self.log(f"{LOG} {role.task_type}:{role.task_id} of {role.num_workers} workers: "
+                     "training with the chief; saves go to temporary folders")
+        self.say(f"{LOG} strategy {tcfg.strategy} "
+                 f"({self.strategy.num_replicas_in_sync} replica(s)"
+                 + (f", {role.num_workers} workers, task {role.task_type}:{role.task_id}"
+                    if self.multi_worker else "")
+                 + f"), {inputs.data.num_records} train images, {inputs.steps_per_epoch} "
+                   f"steps/epoch x {tcfg.epochs} epochs (at most {inputs.total_steps} steps), "
+                   f"{len(inputs.eval_set)} val images, attention {self.config.model.attention}"
+                   f", vocabulary {inputs.vocab_size}, grid {inputs.grid_shape}, "
+                   f"{tcfg.mixed_precision}")
+
+    def _build(self) -> None:
+        """Model, optimizer, state and checkpoints; restores the latest checkpoint."""
+        import tensorflow as tf
+        from components.trainer.model_setup import build_model, make_optimizer
+        with self.strategy.scope():
+            self.model = build_model(self.config.model, self.inputs.vocab_size,
+                                     self.inputs.grid_shape, seed=self.tcfg.seed)
+            self.optimizer = make_optimizer(self.tcfg, self.inputs.total_steps)
+            self.optimizer.build(self.model.trainable_variables)
+        self.state = checkpointing.TrainState()
+        self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                              **self.state.variables())
+        if self.chief:
+            checkpointing.remove_stale_saves(self.work_dir)
+        self._ckpt_dir = distribute.write_dir(
+            os.path.join(self.work_dir, schema.CHECKPOINTS_DIR), self.role)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self._ckpt_dir, max_to_keep=max(1, self.tcfg.keep_checkpoints))
+        self.resumed_from = 0
+        if self.chief and self.manager.latest_checkpoint:
+            latest = self.manager.latest_checkpoint
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            self.resumed_from = int(self.state.step.numpy())
+            self.log(f"{LOG} resuming from step {self.resumed_from} (epoch "
+                     f"{int(self.state.epoch.numpy())}, step "
+                     f"{int(self.state.step_in_epoch.numpy())} of it): {latest}")
+        if self.multi_worker:
+            # Only the chief reads checkpoints; it hands its state to the others.
+            broadcast_from_chief(self.strategy, list(self.model.weights)
+                                 + list(self.optimizer.variables)
+                                 + list(self.state.variables().values()))
+            self.resumed_from = int(self.state.step.numpy())
+
+    def _open_outputs(self) -> None:
+        """TensorBoard writer, validator and the best-model rule."""
+        import tensorflow as tf
+        self.writer = (tf.summary.create_file_writer(
+            os.path.join(self.work_dir, schema.LOGS_DIR)) if self.chief
+            else tf.summary.create_noop_writer())
+        eval_set = self.inputs.eval_set
+        self.validator = Validator(self.model, eval_set, self.inputs.id_to_word) \
+            if len(eval_set) else None
+        self.best_path = os.path.join(self.work_dir, schema.BEST_MODEL_FILE)
+        # Hard attention's expected-alpha warmup trains a soft model: its
+        # epochs are not candidates for the best (hard) model.
+        self.selection_start = (self.model.expected_alpha_warmup
+                                if self.model.attention == "hard" else 0)
+
+    # ------------------------------------------------------------------ loop
+
+    def save_checkpoint(self) -> None:
+        """A checkpoint at the current step (other workers: into a temporary folder)."""
+        self.manager.save(checkpoint_number=int(self.state.step.numpy()))
+        if not self.chief:
+            distribute.cleanup(self._ckpt_dir, self.role)
+
+    def run(self) -> str:
+        """Trains until the epochs, `max_steps` or early stopping end it; returns why."""
+        from tqdm import tqdm
+        state, total = self.state, self.inputs.total_steps
+        bar = tqdm(total=total, initial=min(self.resumed_from, total), unit="step",
+                   desc="Trainer", file=sys.stderr, mininterval=1.0,
+                   disable=not self.chief, dynamic_ncols=True)
+        stop_reason = "finished" if int(state.finished.numpy()) else ""
+        if stop_reason:
+            self.say(f"{LOG} training finished in an earlier attempt; exporting its final state")
+        try:
+            while not stop_reason:
+                stop_reason = self._run_epoch(bar)
+            if not int(state.finished.numpy()):
+                state.finished.assign(1)
+                state.train_seconds.assign_add(self.timing.lap())
+                self.save_checkpoint()
+        finally:
+            bar.close()
+            self.writer.flush()
+        return stop_reason
+
+    def _run_epoch(self, bar) -> str:
+        """Trains (the rest of) the current epoch; returns a stop reason or ""."""
+        tcfg, state = self.tcfg, self.state
+        epoch = int(state.epoch.numpy())
+        if epoch >= tcfg.epochs:
+            return f"{tcfg.epochs} epochs"
+        if int(state.step.numpy()) >= self.inputs.total_steps:
+            return f"max_steps={tcfg.max_steps}"
+        self._ensure_iterator(epoch)
+        epoch_start = time.time()
+        for _ in range(int(state.step_in_epoch.numpy()), self.inputs.steps_per_epoch):
+            if int(state.step.numpy()) >= self.inputs.total_steps:
+                break
+            self._train_step(bar)
+        if int(state.step_in_epoch.numpy()) < self.inputs.steps_per_epoch:
+            return f"max_steps={tcfg.max_steps}"  # no validation of a partial epoch
+        return self._end_epoch(epoch, epoch_start)
+
+    def _ensure_iterator(self, epoch: int) -> None:
+        """An iterator over the next few epochs (prefetching crosses their ends)."""
+        if self._iterator is not None and epoch < self._iterator_end:
+            return
+        tcfg, state, inputs = self.tcfg, self.state, self.inputs
+        skip = int(state.step_in_epoch.numpy())
+        needed = -(-(inputs.total_steps - int(state.step.numpy()) + skip)
+                   // inputs.steps_per_epoch)
+        group = max(1, min(EPOCHS_PER_DATASET, tcfg.epochs - epoch, needed))
+        self._iterator_end = epoch + group
+        data = inputs.data
+        dist = self.strategy.distribute_datasets_from_function(
+            lambda ctx, e=epoch, s=skip, n=group: data.dataset(e, ctx, skip_steps=s, epochs=n))
+        if self._step_fn is None:
+            from components.trainer.step import make_train_step
+            self._step_fn = make_train_step(
+                self.strategy, self.model, self.optimizer, clip_norm=tcfg.clip_norm,
+                global_batch_size=tcfg.batch_size, element_spec=dist.element_spec,
+                jit_compile=tcfg.jit_compile)
+        self._iterator = iter(dist)
+
+    def _train_step(self, bar) -> None:
+        """One step, its counters, progress, summaries and periodic checkpoint."""
+        tcfg, state, timing = self.tcfg, self.state, self.timing
+        t0 = time.time()
+        batch = next(self._iterator)
+        t1 = time.time()
+        out = {k: float(v) for k, v in self._step_fn(batch).items()}
+        timing.record(t0, t1, time.time(), tcfg.batch_size)
+        state.step.assign_add(1)
+        state.step_in_epoch.assign_add(1)
+        step = int(state.step.numpy())
+        self.final = out
+        # (Under mixed_float16 a non-finite step is skipped and the loss scale shrinks.)
+        if not math.isfinite(out["loss"]) and tcfg.mixed_precision != "mixed_float16":
+            raise FloatingPointError(f"loss is {out['loss']} at step {step}: lower "
+                                     "train.learning_rate or train.clip_norm")
+        bar.update(1)
+        bar.set_postfix(loss=f"{out['loss']:.3f}", ex_s=f"{timing.throughput():.0f}",
+                        refresh=False)
+        if step % max(1, tcfg.log_every) == 0 or step == 1:
+            summaries.write_step_summaries(
+                self.writer, step, out, self.optimizer, hard=self.model.attention == "hard",
+                throughput=timing.throughput(), wait_fraction=timing.wait_fraction())
+        if step % max(1, tcfg.checkpoint_every) == 0:
+            state.train_seconds.assign_add(timing.lap())
+            self.save_checkpoint()
+
+    def _end_epoch(self, epoch: int, epoch_start: float) -> str:
+        """Validation, best model, history, early stopping, checkpoint; returns a stop reason."""
+        tcfg, state = self.tcfg, self.state
+        row = {"epoch": epoch, "step": int(state.step.numpy()),
+               "seconds": round(time.time() - epoch_start, 2),
+               "train_loss": self.final.get("loss")}
+        if self.validator is not None:
+            metrics = self._validate()
+            row.update(metrics)
+            note = self._select_best(metrics[tcfg.early_stopping_metric], epoch)
+            self.say(f"{LOG} epoch {epoch}: loss {row['train_loss'] or float('nan'):.4f}, "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
+        if self.chief:
+            checkpointing.append_history(self.work_dir, row)
+        state.epoch.assign_add(1)
+        state.step_in_epoch.assign(0)
+        stop_reason = ""
+        if self.validator is not None and int(state.bad_epochs.numpy()) >= tcfg.patience:
+            stop_reason = (f"early stopping: {tcfg.early_stopping_metric} did not improve "
+                           f"for {tcfg.patience} epochs")
+        state.train_seconds.assign_add(self.timing.lap())
+        if stop_reason:
+            state.finished.assign(1)
+        self.save_checkpoint()
+        return stop_reason
+
+    def _select_best(self, value: float, epoch: int) -> str:
+        """Saves `best.keras` on a new best, counts bad epochs; returns the log note."""
+        state, metric = self.state, self.tcfg.early_stopping_metric
+        if int(state.step.numpy()) <= self.selection_start:
+            return " (expected-alpha warmup: not a best-model candidate)"
+        if improved(metric, value, float(state.best_metric.numpy())):
+            state.best_metric.assign(value)
+            state.best_epoch.assign(epoch)
+            state.bad_epochs.assign(0)
+            target = distribute.write_dir(self.best_path, self.role)
+            checkpointing.atomic_save(self.model, target)
+            distribute.cleanup(target, self.role)
+        else:
+            state.bad_epochs.assign_add(1)
+        return (f" (best {metric} {float(state.best_metric.numpy()):.4f} "
+                f"at epoch {int(state.best_epoch.numpy())})")
+
+    def _validate(self) -> dict:
+        """The chief's validation metrics (on every worker), written to TensorBoard."""
+        metric = self.tcfg.early_stopping_metric
+        names = ["val_loss"] + (["bleu4"] if metric == "bleu4" else [])
+        if self.chief:
+            metrics = {"val_loss": self.validator.val_loss()}
+            if metric == "bleu4":
+                metrics["bleu4"] = self.validator.bleu4()
+        else:  # the chief's numbers decide; the weights are the same everywhere
+            metrics = {k: 0.0 for k in names}
+        if self.multi_worker:  # one early-stopping decision for all workers
+            metrics = chief_values(self.strategy, metrics)
+        step = int(self.state.step.numpy())
+        with self.writer.as_default():
+            for k, v in metrics.items():
+                summaries.summary_scalar(f"val/{k}", v, step)
+            if self.chief:
+                images = self.validator.attention_images(self.inputs.grid_shape)
+                for i, (caption, image) in enumerate(images):
+                    summaries.summary_image(f"attention/val_{i}", image, step)
+                    summaries.summary_text(f"attention/val_{i}_caption", caption, step)
+        return metrics
+
+    def trained_run(self, output_uri: str) -> TrainedRun:
+        """What `export` needs from this (finished) run."""
+        return TrainedRun(
+            config=self.config, strategy=self.strategy, role=self.role, model=self.model,
+            state=self.state, checkpoint=self.checkpoint, writer=self.writer,
+            work_dir=self.work_dir, output_uri=output_uri,
+            vocab_size=self.inputs.vocab_size, grid_shape=self.inputs.grid_shape,
+            train_examples=int(self.inputs.data.num_records),
+            val_examples=len(self.inputs.eval_set), resumed_from=self.resumed_from,
+            timing=self.timing, log=self.log, final=self.final)

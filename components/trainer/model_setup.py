@@ -1,0 +1,70 @@
+"""The model, learning-rate schedule and optimizer the Trainer builds from its config."""
+from __future__ import annotations
+
+import dataclasses
+
+
+def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = None):
+    """A built `ShowAttendTell` from the `ModelConfig` fields (in the current dtype policy).
+
+    Args:
+      model_config: `pipeline.config.ModelConfig`.
+      vocab_size: tokens in the vocabulary, reserved ones included.
+      grid_shape: `[H, W, D]` of the annotations.
+      seed: seeds the model's sampler, dropout and coin flips.
+    Returns:
+      The built model.
+    """
+    from models.show_attend_tell import ShowAttendTell
+    h, w, d = (int(v) for v in grid_shape)
+    model = ShowAttendTell(vocab_size, seed=seed, **dataclasses.asdict(model_config))
+    model.build((None, h * w, d))
+    return model
+
+
+def learning_rate_schedule(train_config, total_steps: int):
+    """`train.learning_rate` constant or cosine-decayed to 0, after `warmup_steps` linear warmup.
+
+    Args:
+      train_config: `pipeline.config.TrainConfig`.
+      total_steps: the steps the schedule spans.
+    Returns:
+      A float (constant, no warmup) or a Keras `CosineDecay` schedule.
+    """
+    import keras
+    cfg = train_config
+    if cfg.lr_schedule not in ("constant", "cosine"):
+        raise ValueError(f"train.lr_schedule must be constant or cosine, got {cfg.lr_schedule!r}")
+    if cfg.lr_schedule == "constant" and cfg.warmup_steps <= 0:
+        return cfg.learning_rate
+    warmup = max(0, cfg.warmup_steps)
+    decay_steps = max(1, total_steps - warmup)
+    # alpha = 1: the "decayed" rate stays at the peak, i.e. warmup then constant.
+    alpha = 1.0 if cfg.lr_schedule == "constant" else 0.0
+    if warmup:
+        return keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps, alpha=alpha, warmup_target=cfg.learning_rate,
+            warmup_steps=warmup)
+    return keras.optimizers.schedules.CosineDecay(cfg.learning_rate, decay_steps, alpha=alpha)
+
+
+def make_optimizer(train_config, total_steps: int):
+    """Adam or RMSProp (paper section 4.3) on the schedule; loss scaling for mixed_float16.
+
+    Args:
+      train_config: `pipeline.config.TrainConfig`.
+      total_steps: the steps of the whole run (for the schedule).
+    Returns:
+      A Keras optimizer, wrapped in a `LossScaleOptimizer` under mixed_float16.
+    """
+    import keras
+    lr = learning_rate_schedule(train_config, total_steps)
+    if train_config.optimizer == "adam":
+        optimizer = keras.optimizers.Adam(lr)
+    elif train_config.optimizer == "rmsprop":
+        optimizer = keras.optimizers.RMSprop(lr)
+    else:
+        raise ValueError(f"train.optimizer must be adam or rmsprop, got {train_config.optimizer!r}")
+    if train_config.mixed_precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer

@@ -1,0 +1,95 @@
+"""The Trainer stage entry: `run(ctx)`, here or in a child process.
+
+`mirrored` over logical CPU devices and `multi_worker` need settings made
+before TensorFlow runs its first op; when an earlier stage of the same
+pipeline process already started TensorFlow, `run` trains in a child process
+(`python -m components.trainer`, components/trainer/worker.py) instead. Under
+`multi_worker` only the chief runs the stage and publishes the artifact.
+This module imports no TensorFlow, so that importing it decides nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from components import distribute
+
+LOG = "[Trainer]"
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _worker_command(ctx, config_path: str) -> str:
+    return (f"TF_CONFIG='<this worker>' python -m components.trainer "
+            f"--annotations {ctx.inputs['annotations'].uri} "
+            f"--vocabulary {ctx.inputs['vocabulary'].uri} --config-json {config_path}")
+
+
+def run(ctx) -> dict:
+    """The Trainer stage: Annotations + Vocabulary -> Model (see `components.trainer`).
+
+    Trains in this process, or in a child process when the strategy needs a
+    fresh TensorFlow runtime (logical CPU devices, multi-worker collectives)
+    and an earlier stage already started TensorFlow here.
+
+    Returns:
+      `{"model": {"counts": {...}, "properties": {...}}}`.
+    """
+    from pipeline import config as config_lib
+    tcfg = ctx.config.train
+    annotations, vocabulary = ctx.inputs["annotations"], ctx.inputs["vocabulary"]
+    out = ctx.outputs["model"]
+    os.makedirs(ctx.work_dir, exist_ok=True)
+    config_path = os.path.join(ctx.work_dir, "config.json")
+    with open(config_path, "w") as f:
+        json.dump(config_lib.to_dict(ctx.config), f, indent=2, sort_keys=True)
+    if tcfg.strategy == "multi_worker":
+        role = distribute.cluster_role()
+        if not role.is_chief:
+            raise distribute.StrategyError(
+                f"this process is {role.task_type}:{role.task_id} of a multi_worker job; only "
+                "the chief runs the Trainer stage and publishes the Model. Start this worker "
+                "with: " + _worker_command(ctx, config_path))
+        _log(f"{LOG} multi_worker chief: start every other worker with\n  "
+             + _worker_command(ctx, config_path))
+    if distribute.needs_fresh_process(tcfg):
+        _log(f"{LOG} TensorFlow already runs in this process; training in a child process "
+             f"(train.strategy={tcfg.strategy}, cpu_logical_devices={tcfg.cpu_logical_devices})")
+        return _run_child(annotations, vocabulary, config_path, out, ctx.work_dir)
+    from components.trainer.loop import train
+    return train(annotations.uri, vocabulary.uri, ctx.config, out, ctx.work_dir,
+                 annotations_properties=annotations.properties,
+                 vocabulary_properties=vocabulary.properties)
+
+
+def _run_child(annotations, vocabulary, config_path, output_uri, work_dir) -> dict:
+    """Runs `python -m components.trainer` and returns its result."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fd, result_path = tempfile.mkstemp(prefix="trainer-result-", suffix=".json", dir=work_dir)
+    os.close(fd)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = package_root + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "components.trainer", "--annotations", annotations.uri,
+           "--vocabulary", vocabulary.uri, "--config-json", config_path,
+           "--output", output_uri, "--work-dir", work_dir, "--result", result_path,
+           "--parent-pid", str(os.getpid())]
+    proc = subprocess.Popen(cmd, env=env, cwd=package_root)
+    try:
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    try:
+        if code != 0:
+            raise RuntimeError(f"the Trainer child process failed with exit code {code} "
+                               "(its messages are above)")
+        with open(result_path) as f:
+            return json.load(f)
+    finally:
+        os.remove(result_path)

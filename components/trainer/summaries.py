@@ -1,0 +1,77 @@
+"""TensorBoard summaries through `tf.summary.write` (the `tensorboard` package is optional).
+
+Each entry carries TensorBoard's plugin metadata (scalars, images, text), so
+the event files read as if written by `tf.summary.scalar` and friends.
+"""
+from __future__ import annotations
+
+
+def scalar_value(value) -> float:
+    """A Python float from a tensor, a (distributed or Keras) variable or a number."""
+    import tensorflow as tf
+    if hasattr(value, "value") and not isinstance(value, tf.Variable):
+        value = value.value  # a Keras variable
+    return float(tf.convert_to_tensor(value).numpy())
+
+
+def _summary_metadata(plugin: str):
+    from tensorflow.core.framework import summary_pb2
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin))
+
+
+def summary_scalar(tag: str, value, step: int) -> None:
+    """A TensorBoard scalar."""
+    import tensorflow as tf
+    tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
+                     metadata=_summary_metadata("scalars"))
+
+
+def summary_image(tag: str, image, step: int) -> None:
+    """A TensorBoard image from a (1, H, W, 1|3) float image in [0, 1] (PNG-encoded)."""
+    import tensorflow as tf
+    pixels = tf.cast(tf.round(tf.clip_by_value(image[0], 0.0, 1.0) * 255.0), tf.uint8)
+    height, width = int(pixels.shape[0]), int(pixels.shape[1])
+    tensor = tf.stack([tf.constant(str(width)), tf.constant(str(height)),
+                       tf.image.encode_png(pixels)])
+    tf.summary.write(tag, tensor, step=step, metadata=_summary_metadata("images"))
+
+
+def summary_text(tag: str, text: str, step: int) -> None:
+    """A TensorBoard text entry."""
+    import tensorflow as tf
+    tf.summary.write(tag, tf.constant(text), step=step, metadata=_summary_metadata("text"))
+
+
+def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
+                         throughput: float, wait_fraction: float) -> None:
+    """The `train/*` scalars of one step.
+
+    Args:
+      writer: a `tf.summary` writer.
+      step: the global step.
+      out: the step's results (`step.SUM_KEYS` and `step.MEAN_KEYS`, floats).
+      optimizer: for the current learning rate.
+      hard: hard attention: also the REINFORCE terms.
+      throughput: examples per second so far.
+      wait_fraction: the share of step time spent waiting for input.
+    """
+    tokens = max(out["num_tokens"], 1.0)
+    values = {
+        "train/loss": out["loss"],
+        "train/nll": out["nll_sum"] / tokens,
+        "train/attention_penalty": out["penalty_sum"] / max(out["examples"], 1.0),
+        "train/attention_entropy": out["entropy_sum"] / tokens,
+        "train/grad_norm": out["grad_norm"],
+        "train/learning_rate": scalar_value(optimizer.learning_rate),
+        "train/examples_per_second": throughput,
+        "train/input_wait_fraction": wait_fraction,
+    }
+    if hard:
+        for key in ("baseline", "reward", "reinforce_term", "used_expected_alpha"):
+            values[f"train/{key}"] = out[key]
+    if out["loss_scale"] != 1.0:
+        values["train/loss_scale"] = out["loss_scale"]
+    with writer.as_default():
+        for tag, value in values.items():
+            summary_scalar(tag, value, step)

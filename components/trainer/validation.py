@@ -1,0 +1,126 @@
+"""Validation during training: loss, BLEU-4, attention maps, and the best-model rule.
+
+The chief computes the metrics on a held-in-memory `EvalSet`
+(components/train_data.py); `improved` decides whether an epoch's value is a
+new best (which resets early stopping's patience).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from models.text import decode
+
+METRICS = ("val_loss", "bleu4")
+# Validation images whose attention maps go to TensorBoard.
+ATTENTION_IMAGES = 2
+ATTENTION_TILE = 64
+# Smallest validation improvement that resets the early-stopping patience.
+MIN_DELTA = 1e-4
+
+
+def improved(metric: str, value: float, best: float) -> bool:
+    """Better by more than `MIN_DELTA` (relative for the loss, absolute for BLEU).
+
+    Args:
+      metric: `val_loss` (lower is better) or `bleu4`.
+      value: this epoch's value.
+      best: the best so far (NaN: none yet).
+    Returns:
+      Whether `value` is a new best.
+    """
+    if math.isnan(best):
+        return True
+    if metric == "val_loss":
+        return value < best - MIN_DELTA * abs(best)
+    return value > best + MIN_DELTA
+
+
+class Validator:
+    """Validation metrics on a held-in-memory `EvalSet` (the chief computes them).
+
+    `val_loss`: per-token NLL of every (image, reference caption) pair, no
+    dropout, expected attention. `bleu4`: corpus BLEU-4 (coco-caption
+    `Bleu`, whitespace tokens) of greedy captions against all references.
+    """
+
+    def __init__(self, model, eval_set, id_to_word, batch_size: int = 128):
+        import tensorflow as tf
+        from models.decoding import greedy_decode
+        self.model = model
+        self.eval_set = eval_set
+        self.id_to_word = list(id_to_word)
+        self.batch_size = max(1, batch_size)
+        self.pair_index, self.pair_tokens = eval_set.pairs()
+        # Longest reference (words + <end>) plus slack.
+        self.max_length = int(max(self.pair_tokens.shape[1] - 1, 1)) + 2
+
+        regions, dim = eval_set.annotations.shape[1:]
+        grids = tf.TensorSpec([None, regions, dim], tf.float32)
+
+        @tf.function(input_signature=[grids, tf.TensorSpec([None, None], tf.int32)],
+                     autograph=False)
+        def loss_sums(annotations, tokens):
+            terms = model.compute_loss_terms(annotations, tokens, training=False)
+            return tf.reduce_sum(terms["example_nll"]), terms["num_tokens"]
+
+        @tf.function(input_signature=[grids], autograph=False)
+        def decode_batch(annotations):
+            return greedy_decode(model, annotations, self.max_length)
+
+        self._loss_sums, self._decode = loss_sums, decode_batch
+
+    def val_loss(self) -> float:
+        """Per-token negative log-likelihood over every reference caption."""
+        nll, tokens = 0.0, 0.0
+        grids = self.eval_set.annotations
+        for start in range(0, len(self.pair_index), self.batch_size):
+            rows = slice(start, start + self.batch_size)
+            s, n = self._loss_sums(grids[self.pair_index[rows]], self.pair_tokens[rows])
+            nll += float(s)
+            tokens += float(n)
+        return nll / max(tokens, 1.0)
+
+    def greedy(self, annotations) -> dict:
+        return {k: v.numpy() for k, v in self._decode(annotations).items()}
+
+    def captions(self) -> list[str]:
+        """Greedy captions of every validation image."""
+        out = []
+        grids = self.eval_set.annotations
+        for start in range(0, len(grids), self.batch_size):
+            result = self.greedy(grids[start:start + self.batch_size])
+            out += [decode(row, self.id_to_word) for row in result["tokens"]]
+        return out
+
+    def bleu4(self) -> float:
+        """Corpus BLEU-4 of greedy captions (whitespace tokenization, no Java)."""
+        from pycocoevalcap.bleu.bleu import Bleu
+        hyps = self.captions()
+        gts = {i: list(refs) for i, refs in enumerate(self.eval_set.references)}
+        res = {i: [h if h else "<unk>"] for i, h in enumerate(hyps)}
+        score, _ = Bleu(4).compute_score(gts, res, verbose=0)
+        return float(score[3])
+
+    def attention_images(self, grid_shape, count: int = ATTENTION_IMAGES):
+        """[(caption, (1, tile, tile * words, 1) float32 image)] for the first images.
+
+        Each word's alpha is reshaped to H x W, scaled to its maximum and
+        upsampled (nearest) to a tile; the tiles of a caption form one strip.
+        """
+        import tensorflow as tf
+        h, w, _ = (int(v) for v in grid_shape)
+        grids = self.eval_set.annotations[:count]
+        if len(grids) == 0:
+            return []
+        result = self.greedy(grids)
+        images = []
+        for row in range(len(grids)):
+            n = max(int(result["lengths"][row]), 1)
+            alpha = result["attention"][row, :n].reshape(n, h, w, 1)
+            alpha = alpha / np.maximum(alpha.max(axis=(1, 2, 3), keepdims=True), 1e-9)
+            tiles = tf.image.resize(alpha, (ATTENTION_TILE, ATTENTION_TILE), method="nearest")
+            strip = tf.concat(tf.unstack(tiles), axis=1)[None]   # (1, tile, tile * n, 1)
+            images.append((decode(result["tokens"][row], self.id_to_word), strip))
+        return images

@@ -1,0 +1,85 @@
+"""The Trainer's training step (the project's one training path) on the tiny model.
+
+The step is what every strategy runs; here under the default strategy, with
+the tiny sizes of tests/models/tiny.py.
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components.trainer.step import MEAN_KEYS, SUM_KEYS, make_train_step
+from models.decoding import greedy_decode
+from tests.models.tiny import CAPTIONS, annotations, make_model
+
+# Four images, four captions, all distinct: memorised in a few hundred steps.
+_OVERFIT_CAPTIONS = np.array([[1, 4, 5, 6, 2, 0, 0],
+                              [1, 7, 8, 2, 0, 0, 0],
+                              [1, 9, 10, 11, 12, 2, 0],
+                              [1, 4, 13, 14, 15, 16, 2]], "int32")
+
+
+def _step(model, batch, learning_rate=0.02, clip_norm=0.0):
+    """The Trainer's step for `batch` under the default strategy, on a fresh Adam."""
+    optimizer = keras.optimizers.Adam(learning_rate)
+    optimizer.build(model.trainable_variables)
+    spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
+    return make_train_step(tf.distribute.get_strategy(), model, optimizer,
+                           clip_norm=clip_norm, global_batch_size=len(batch["tokens"]),
+                           element_spec=spec)
+
+
+def _fit(model, a, steps):
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(_OVERFIT_CAPTIONS)}
+    step = _step(model, batch)
+    return [{k: float(v) for k, v in step(batch).items()} for _ in range(steps)]
+
+
+def _assert_reproduces_captions(model, a):
+    out = greedy_decode(model, a, max_length=8)
+    want = _OVERFIT_CAPTIONS[:, 1:]
+    np.testing.assert_array_equal(out["tokens"][:, :want.shape[1]], want)
+    np.testing.assert_array_equal(out["lengths"], (want != 0).sum(1))
+
+
+def test_soft_attention_overfits_a_handful_of_captions():
+    model = make_model("soft", dropout=0.0, doubly_stochastic_lambda=0.01)
+    a = annotations(seed=3, batch=4)
+    history = _fit(model, a, 150)
+    assert set(history[-1]) == set(SUM_KEYS) | set(MEAN_KEYS)
+    nll = history[-1]["nll_sum"] / history[-1]["num_tokens"]
+    assert nll < 0.5
+    terms = model.compute_loss_terms(a, _OVERFIT_CAPTIONS, training=False)
+    assert float(terms["nll"]) < 0.05
+    _assert_reproduces_captions(model, a)
+
+
+def test_hard_attention_overfits_a_handful_of_captions():
+    model = make_model("hard", dropout=0.0, doubly_stochastic_lambda=0.01)
+    a = annotations(seed=3, batch=4)
+    history = _fit(model, a, 200)
+    terms = model.compute_loss_terms(a, _OVERFIT_CAPTIONS, training=False)
+    assert float(terms["nll"]) < 0.05
+    _assert_reproduces_captions(model, a)
+    # The step moved the moving-average baseline on the sampled minibatches only.
+    sampled = sum(1 for h in history if h["used_expected_alpha"] < 0.5)
+    assert float(model.baseline_updates.numpy()) == sampled
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_step_loss_is_the_models_loss_and_every_weight_moves(attention):
+    model = make_model(attention, dropout=0.0, expected_alpha_prob=1.0)
+    a = annotations()
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    want = model.compute_loss_terms(a, CAPTIONS, training=False)
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(CAPTIONS)}
+    out = {k: float(v) for k, v in _step(model, batch, learning_rate=1e-3,
+                                           clip_norm=1e-3)(batch).items()}
+    # One replica: the re-weighted loss is the model's own loss of the batch.
+    np.testing.assert_allclose(out["loss"], float(want["loss"]), rtol=1e-5)
+    assert out["num_tokens"] == float(want["num_tokens"]) and out["examples"] == 2.0
+    assert out["grad_norm"] > 1e-3   # the raw norm, before clipping
+    changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables)]
+    assert all(changed)
