@@ -30,6 +30,38 @@ from models.text import PAD_ID
 
 # Batches of one length-sorted window (bucket_by_length), per replica.
 BUCKET_WINDOW_BATCHES = 8
+# What a cached parsed record holds beyond its float16 grid: every caption's
+# tokens and lengths, the tensors' own headers (measured: ~1-2 KB).
+CACHE_RECORD_OVERHEAD_BYTES = 2048
+CACHE_SETTINGS = ("auto", "true", "false")
+
+
+def cache_plan(setting, num_records: int, grid_shape: Sequence[int],
+               budget_mb: int) -> tuple[bool, str]:
+    """Whether to keep the parsed split in memory, and why (for the log).
+
+    Args:
+      setting: `train.cache`: "auto", "true" or "false" (or a bool).
+      num_records: images in the split.
+      grid_shape: `[H, W, D]`; cached grids are float16.
+      budget_mb: `train.cache_budget_mb`, the most memory "auto" may use.
+    Returns:
+      `(cache, reason)`.
+    Raises:
+      ValueError: an unknown setting.
+    """
+    setting = str(setting).strip().lower()
+    if setting not in CACHE_SETTINGS:
+        raise ValueError(f"train.cache must be one of {', '.join(CACHE_SETTINGS)}, "
+                         f"got {setting!r}")
+    estimate_mb = num_records * (2 * int(np.prod(grid_shape)) + CACHE_RECORD_OVERHEAD_BYTES) / 2**20
+    size = f"{num_records} images x {list(grid_shape)} float16 ~ {estimate_mb:,.0f} MB"
+    if setting != "auto":
+        return setting == "true", f"train.cache={setting} ({size})"
+    if estimate_mb <= budget_mb:
+        return True, f"cached in memory: {size} fits train.cache_budget_mb={budget_mb}"
+    return False, (f"streamed from disk (parallel reads, prefetch): {size} exceeds "
+                   f"train.cache_budget_mb={budget_mb}")
 
 
 def _read(files: Sequence[str], parallel_reads: int) -> tf.data.Dataset:
@@ -82,7 +114,9 @@ class TrainData:
       global_batch_size: examples per step over all replicas.
       seed: `train.seed`; shuffling and caption choice derive from it and the epoch.
       shuffle_buffer: `train.shuffle_buffer` (capped at the split size).
-      cache: keep the parsed records in memory after the first epoch.
+      cache: keep the parsed records in memory after the first epoch:
+        "auto" (when they fit `cache_budget_mb`), "true"/"false", or a bool.
+      cache_budget_mb: the memory "auto" may use for the cache.
       bucket_by_length: sort windows of `BUCKET_WINDOW_BATCHES` batches by
         caption length before batching, then shuffle the batches.
       dtype: the annotations' dtype in the batches (the compute dtype).
@@ -95,7 +129,8 @@ class TrainData:
     global_batch_size: int = 64
     seed: int = 0
     shuffle_buffer: int = 2048
-    cache: bool = True
+    cache: bool | str = True
+    cache_budget_mb: int = 4096
     bucket_by_length: bool = False
     dtype: str = "float32"
     pad_multiple: int = 1
@@ -108,15 +143,17 @@ class TrainData:
         if self.num_records is None:
             self.num_records = int(_read(self.files, self.parallel_reads)
                                    .reduce(np.int64(0), lambda n, _: n + 1))
+        self.cached, self.cache_reason = cache_plan(
+            self.cache, self.num_records, self.grid_shape, self.cache_budget_mb)
 
     def source(self) -> tf.data.Dataset:
-        """`(index, parsed record)` in file order; cached when `cache` (built once)."""
+        """`(index, parsed record)` in file order; cached when `cached` (built once)."""
         if self._source is None:
             grid = list(self.grid_shape)
             ds = _read(self.files, self.parallel_reads).map(
                 lambda r: schema.parse_annotations(r, grid), num_parallel_calls=tf.data.AUTOTUNE)
             ds = ds.enumerate()
-            if self.cache:
+            if self.cached:
                 ds = ds.cache()
             self._source = ds
         return self._source

@@ -118,7 +118,8 @@ class TrainConfig:
     checkpoint_every: int = 200        # steps between checkpoints (resume after a crash)
     keep_checkpoints: int = 3          # checkpoints kept by the CheckpointManager
     shuffle_buffer: int = 2048         # tf.data shuffle buffer (images)
-    cache: bool = True                 # cache parsed records in memory (small data)
+    cache: str = "auto"                # auto | true | false: keep parsed records in memory
+    cache_budget_mb: int = 4096        # train.cache=auto caches only a split estimated to fit this
     bucket_by_length: bool = False     # batch captions of similar length together
     mixed_precision: str = "float32"   # float32 | mixed_float16 | mixed_bfloat16
     jit_compile: bool = False          # XLA-compile the train step

@@ -134,6 +134,7 @@ def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: st
         num_records=(annotations_properties.get("num_records") or {}).get("train"),
         global_batch_size=tcfg.batch_size, seed=tcfg.seed,
         shuffle_buffer=tcfg.shuffle_buffer, cache=tcfg.cache,
+        cache_budget_mb=tcfg.cache_budget_mb,
         bucket_by_length=tcfg.bucket_by_length,
         dtype=keras.mixed_precision.global_policy().compute_dtype,
         pad_multiple=8 if tcfg.jit_compile else 1)
@@ -196,6 +197,7 @@ class TrainingLoop:
                    f"{len(inputs.eval_set)} val images, attention {self.config.model.attention}"
                    f", vocabulary {inputs.vocab_size}, grid {inputs.grid_shape}, "
                    f"{tcfg.mixed_precision}")
+        self.say(f"{LOG} train split {inputs.data.cache_reason}")
 
     def _build(self) -> None:
         """Model, optimizer, state and checkpoints; restores the latest checkpoint."""

@@ -189,6 +189,31 @@ def test_bucketing_pads_less_with_the_same_batches_and_skip_resumes(source):
     assert all(x["tokens"].shape[1] == 8 for x in fixed)
 
 
+def test_cache_auto_caches_a_split_that_fits_the_budget_and_streams_one_that_does_not():
+    grid = [14, 14, 512]                      # the paper's grid: 200,704 bytes in float16
+    cached, why = train_data.cache_plan("auto", 1000, grid, budget_mb=4096)
+    assert cached and "fits train.cache_budget_mb=4096" in why and "1000 images" in why
+    cached, why = train_data.cache_plan("auto", 113_000, grid, budget_mb=4096)
+    assert not cached and "streamed from disk" in why and "exceeds" in why
+    assert "~ 21,850 MB" in why               # COCO's train split would not fit
+    assert train_data.cache_plan("TRUE", 113_000, grid, budget_mb=1)[0] is True
+    assert train_data.cache_plan(False, 10, grid, 4096)[0] is False
+    with pytest.raises(ValueError, match="auto, true, false"):
+        train_data.cache_plan("sometimes", 10, grid, 4096)
+
+
+def test_streamed_and_cached_batches_are_the_same(source):
+    streamed = _data(source, cache="auto", cache_budget_mb=0)
+    cached = _data(source, cache="auto")
+    assert (streamed.cached, cached.cached) == (False, True)
+    for epoch in (0, 1):
+        a, b = _batches(streamed.dataset(epoch)), _batches(cached.dataset(epoch))
+        assert len(a) == len(b) == 4
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x["annotations"], y["annotations"])
+            np.testing.assert_array_equal(x["tokens"], y["tokens"])
+
+
 def test_eval_set_holds_every_reference(source):
     files = schema.split_files(source["annotations"].uri, "val")
     vocab = schema.read_vocabulary(source["vocabulary"].uri)
@@ -314,6 +339,16 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
         assert "val/bleu4" in events
     else:
         assert "train/baseline" not in events
+
+
+def test_streamed_and_cached_training_give_the_same_model(source, tmp_path, capfd):
+    digests = {}
+    for cache in ("true", "false"):
+        ctx = _ctx(source, str(tmp_path / cache), _config(epochs=2, cache=cache))
+        digests[cache] = trainer.run(ctx)["model"]["properties"]["weights_digest"]
+        log = capfd.readouterr().err
+        assert f"train split train.cache={cache} (32 images x [3, 3, 8] float16" in log
+    assert digests["true"] == digests["false"]
 
 
 @pytest.mark.slow
