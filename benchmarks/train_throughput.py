@@ -53,7 +53,7 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
     import tensorflow as tf
     from components import io_utils
     from models import text
-    from pipeline.artifacts import write_artifact_json
+    from components.artifacts import write_artifact_json
     rng = np.random.default_rng(seed)
     h, w, d = grid_shape
     annotations, vocabulary = os.path.join(folder, "annotations"), os.path.join(folder, "vocab")

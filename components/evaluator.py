@@ -207,7 +207,7 @@ def run(ctx) -> dict:
         figures = write_figures(eval_dir, ctx.inputs["examples"].uri, data, words,
                                 out["attention"], cfg.num_figures)
 
-    baseline = ctx.baseline.get("evaluation")
+    baseline = ctx.inputs.get("baseline")  # the last pushed model's Evaluation, if any
     baseline_metrics = dict(baseline.properties.get("metrics", {})) if baseline else None
     blessed, reasons = bless(metrics, dict(cfg.thresholds), cfg.max_regression,
                              baseline_metrics)

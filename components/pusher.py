@@ -118,7 +118,7 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     version = max(existing_versions(model_dir), default=0) + 1
     tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
     build(tmp)
-    from pipeline.artifacts import fsync_tree
+    from components.artifacts import fsync_tree
     fsync_tree(tmp)
     final = os.path.join(model_dir, str(version))
     while os.path.exists(final):  # a concurrent pusher took it

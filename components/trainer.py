@@ -117,7 +117,7 @@ def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = No
     """A built `ShowAttendTell` from the `ModelConfig` fields (in the current dtype policy).
 
     Args:
-      model_config: `pipeline.config.ModelConfig`.
+      model_config: `components.config.ModelConfig`.
       vocab_size: tokens in the vocabulary, reserved ones included.
       grid_shape: `[H, W, D]` of the annotations.
       seed: seeds the model's sampler, dropout and coin flips.
@@ -938,7 +938,7 @@ def run(ctx) -> dict:
     Returns:
       `{"model": {"counts": {...}, "properties": {...}}}`.
     """
-    from pipeline import config as config_lib
+    from components import config as config_lib
     tcfg = ctx.config.train
     annotations, vocabulary = ctx.inputs["annotations"], ctx.inputs["vocabulary"]
     out = ctx.outputs["model"]
@@ -1011,12 +1011,13 @@ def main(argv=None) -> int:
     Every worker of a multi-worker job runs this with its own `TF_CONFIG`
     (the chief may run the pipeline's Trainer stage instead).
     """
-    from pipeline import config as config_lib
-    from pipeline.artifacts import Artifact, ArtifactError
+    from components import config as config_lib
+    from components.artifacts import Artifact, ArtifactError
     p = argparse.ArgumentParser(prog="python -m components.trainer", description=main.__doc__)
     p.add_argument("--annotations", required=True, help="Annotations artifact folder")
     p.add_argument("--vocabulary", required=True, help="Vocabulary artifact folder")
-    p.add_argument("--config", default="demo", help="named config or .py path")
+    p.add_argument("--config", default="", help="a config .py file (for a named config, "
+                   "pass the JSON of `captioner config --config NAME` as --config-json)")
     p.add_argument("--config-json", default="", help="a resolved config (written by the stage)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
     p.add_argument("--output", default="", help="Model folder (the chief's; default "
@@ -1034,8 +1035,11 @@ def main(argv=None) -> int:
         with open(args.config_json) as f:
             config = config_lib.from_dict(json.load(f))
         config = config_lib.apply_overrides(config, args.overrides)
+    elif args.config.endswith(".py"):
+        config = config_lib.load_config_file(args.config, args.overrides)
     else:
-        config = config_lib.load_config(args.config, args.overrides)
+        p.error("give --config-json (e.g. `captioner config --config tiny --set ... > "
+                "config.json`) or --config PATH.py")
     work_dir = args.work_dir or (os.path.dirname(os.path.abspath(args.config_json))
                                  if args.config_json else os.path.abspath("trainer_work"))
     output = args.output or os.path.join(work_dir, "model")

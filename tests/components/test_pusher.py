@@ -7,7 +7,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from components import pusher
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 

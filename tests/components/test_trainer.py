@@ -21,7 +21,7 @@ import tensorflow as tf
 from components import distribute, train_data, trainer
 from models.text import PAD_ID
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.config import ModelConfig, PipelineConfig, TrainConfig
 from pipeline import dag
 from pipeline.runner import Runner, StageContext

@@ -48,5 +48,6 @@ STAGES = (
     StageSpec("B", "tests.pipeline.fake_stages_b", inputs={"x": ("A", "out")},
               outputs={"out": "Model"}, config_sections=("train",)),
     StageSpec("C", "tests.pipeline.fake_stages_c", inputs={"y": ("B", "out")},
-              outputs={"out": "Evaluation"}, config_sections=("eval",)),
+              outputs={"out": "Evaluation"}, config_sections=("eval",),
+              summary={"metrics": ("out", "metrics")}),
 )

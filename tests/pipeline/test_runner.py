@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifact, ArtifactError
+from components.artifacts import Artifact, ArtifactError
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 
@@ -115,7 +115,7 @@ def test_inspect_lists_lineage_newest_first(tmp_path):
 def test_code_change_invalidates_cache(tmp_path, monkeypatch):
     _run(tmp_path)
     from pipeline import runner
-    monkeypatch.setattr(runner, "code_version", lambda paths: "changed")
+    monkeypatch.setattr(runner, "code_fingerprint", lambda module, root: "changed")
     assert _statuses(_run(tmp_path)) == {"A": "ran", "B": "ran", "C": "ran"}
 
 
