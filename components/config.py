@@ -134,9 +134,9 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluator: decoding, metrics, figures and blessing thresholds."""
-    beam_size: int = 3                 # 1 = greedy
-    max_length: int = 30               # longest caption, in words
-    length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha
+    beam_size: int = 3                 # 1 = greedy; the Pusher exports the same
+    max_length: int = 30               # longest caption, in words; the Pusher exports the same
+    length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Pusher exports the same
     batch_size: int = 128              # images decoded per batch
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
@@ -146,12 +146,15 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class PushConfig:
-    """Pusher: SavedModel versions for TensorFlow Serving."""
+    """Pusher: SavedModel versions for TensorFlow Serving.
+
+    The exported graph decodes with the `eval` settings the Evaluator measured
+    (beam size, maximum length, length normalization), read from the
+    Evaluation artifact: what is served is what was blessed.
+    """
     serving_dir: str = ""              # empty = <root>/serving
     model_name: str = "captioner"      # model name in TF Serving
     keep_versions: int = 3             # newest versions kept in the serving folder
-    beam_size: int = 3                 # beam size of the exported graph (1 = greedy)
-    max_length: int = 30               # longest caption of the exported graph
     max_batch_size: int = 32           # batching_parameters.txt
     batch_timeout_micros: int = 2000   # batching_parameters.txt
     num_warmup_requests: int = 2       # records in assets.extra/tf_serving_warmup_requests

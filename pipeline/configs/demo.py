@@ -7,7 +7,7 @@ the measured time and metrics; soft attention reaches Bleu_4 >= 0.75 and
 CIDEr >= 5 on the test split).
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+                             PipelineConfig, PreprocessConfig, TrainConfig)
 
 
 def get_config() -> PipelineConfig:
@@ -39,5 +39,4 @@ def get_config() -> PipelineConfig:
                           checkpoint_every=200, val_examples=256, patience=3),
         eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
                         thresholds={"Bleu_4": 0.5, "CIDEr": 3.0}),
-        push=PushConfig(beam_size=3, max_length=24),
     )
