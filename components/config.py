@@ -96,7 +96,7 @@ class ModelConfig:
     entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
     reinforce_lambda: float = 1.0      # hard attention lambda_r
     expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
-    expected_alpha_warmup: int = 0     # hard: first N minibatches use expected alpha (no sampling)
+    expected_alpha_warmup_epochs: float = 0.0  # hard: the first this many epochs use expected alpha (no sampling); steps = epochs x steps per epoch
     baseline_decay: float = 0.9        # hard: REINFORCE moving-average baseline decay
     reinforce_credit: str = "sequence"  # hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))
     reinforce_baseline: str = "moving_average"  # hard: moving_average (paper) | expected (per word: log p(y_t) with the expected context; token credit)

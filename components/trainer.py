@@ -113,7 +113,8 @@ def annotations_grid_shape(annotations_uri: str, properties: Mapping | None = No
 # ----------------------------------------------------------------------------- model
 
 
-def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = None):
+def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = None,
+                steps_per_epoch: int = 0):
     """A built `ShowAttendTell` from the `ModelConfig` fields (in the current dtype policy).
 
     Args:
@@ -121,10 +122,15 @@ def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = No
       vocab_size: tokens in the vocabulary, reserved ones included.
       grid_shape: `[H, W, D]` of the annotations.
       seed: seeds the model's sampler, dropout and coin flips.
+      steps_per_epoch: turns `expected_alpha_warmup_epochs` into the model's
+        minibatch count, so the warmup keeps its meaning at any data size.
     """
     from models.show_attend_tell import ShowAttendTell
     h, w, d = (int(v) for v in grid_shape)
-    model = ShowAttendTell(vocab_size, seed=seed, **dataclasses.asdict(model_config))
+    kwargs = dataclasses.asdict(model_config)
+    warmup_epochs = kwargs.pop("expected_alpha_warmup_epochs")
+    kwargs["expected_alpha_warmup"] = round(warmup_epochs * steps_per_epoch)
+    model = ShowAttendTell(vocab_size, seed=seed, **kwargs)
     model.build((None, h * w, d))
     return model
 
@@ -602,7 +608,8 @@ def _train(strategy, role, annotations_uri, vocabulary_uri, config, output_uri, 
           f"{tcfg.mixed_precision}")
 
     with strategy.scope():
-        model = build_model(mcfg, vocab_size, grid_shape, seed=tcfg.seed)
+        model = build_model(mcfg, vocab_size, grid_shape, seed=tcfg.seed,
+                            steps_per_epoch=steps_per_epoch)
         optimizer = make_optimizer(tcfg, total_steps)
         optimizer.build(model.trainable_variables)
     state = _State()
