@@ -1,4 +1,4 @@
-"""HardAttention: the layer contract (STYLE.md) and the multinoulli sampling."""
+"""HardAttention: the layer contract and the multinoulli sampling."""
 import keras
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""ShowAttendTell: the layer contract (STYLE.md), teacher forcing vs decode_step, losses, overfitting."""
+"""ShowAttendTell: the layer contract, teacher forcing vs decode_step, losses, overfitting."""
 import dataclasses
 
 import keras

@@ -1,4 +1,4 @@
-"""SoftAttention: the layer contract (STYLE.md) and the attention behaviour."""
+"""SoftAttention: the layer contract and the attention behaviour."""
 import keras
 import numpy as np
 import pytest
