@@ -3,6 +3,7 @@ import os
 import threading
 import time
 
+import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -104,7 +105,6 @@ def test_not_blessed_pushes_nothing(tmp_path, capsys):
 
 
 def test_the_export_decodes_as_the_evaluation_measured(tmp_path):
-    import pytest
     measured = {"beam_size": 4, "max_length": 17, "length_normalization": 0.7}
     evaluation = Artifact(type="Evaluation", uri=str(tmp_path),
                           properties={"metrics": {}, "decoding": measured})
