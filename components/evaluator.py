@@ -5,7 +5,14 @@ Metrics come from the coco-caption toolkit (`Bleu_1`..`Bleu_4`, `METEOR`,
 carry object boxes (the synthetic data) also `grounding`, `grounding_noun`,
 `attribute_accuracy` and `relation_accuracy`. The Blessing passes when every
 threshold in `eval.thresholds` is met and no metric falls more than
-`eval.max_regression` below the last pushed model's.
+`eval.max_regression` below the last pushed model's (the runner resolves that
+model's Evaluation as the `baseline` input).
+
+The test split streams: it is decoded and scored `eval.batch_size` images at
+a time, and only the captions (with scores and references), the grounding
+counts and the attention maps of the few images drawn outlive a batch. The
+Evaluation records the decoding it measured (`decoding`), which the Pusher
+exports.
 """
 from __future__ import annotations
 
