@@ -210,11 +210,24 @@ def load_config_file(path: str, overrides: Sequence[str] = ()) -> PipelineConfig
     spec = importlib.util.spec_from_file_location("_user_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return config_from_module(module, path, overrides)
+
+
+def config_from_module(module: Any, label: str, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """`module.get_config()` checked and overridden.
+
+    Args:
+      module: a config module (named or loaded from a file).
+      label: its name or path, for error messages.
+      overrides: `section.key=value` strings.
+    Returns:
+      The resolved `PipelineConfig`.
+    """
     if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path} has no get_config()")
+        raise ConfigError(f"{label} has no get_config()")
     config = module.get_config()
     if not isinstance(config, PipelineConfig):
-        raise ConfigError(f"{path}: get_config() must return a PipelineConfig")
+        raise ConfigError(f"{label}: get_config() must return a PipelineConfig")
     return apply_overrides(config, overrides)
 def _coerce(value: str, typ: Any, where: str) -> Any:
     """Parses a command-line string into the field's declared type."""

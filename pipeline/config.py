@@ -15,8 +15,8 @@ from typing import Sequence
 from components.config import (  # noqa: F401  (the config API in one place)
     SECTIONS, ConfigError, DataConfig, DeclaredConfig, EncoderConfig, EvalConfig, ModelConfig,
     PipelineConfig, PreprocessConfig, PushConfig, ServeConfig, TrainConfig,
-    UndeclaredConfigError, apply_overrides, describe_fields, from_dict, load_config_file,
-    to_dict, valid_keys)
+    UndeclaredConfigError, apply_overrides, config_from_module, describe_fields, from_dict,
+    load_config_file, to_dict, valid_keys)
 
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -43,9 +43,4 @@ def load_config(name_or_path: str = "demo",
         raise ConfigError(f"unknown config {name_or_path!r}; named configs: "
                           f"{', '.join(named_configs())} (or give a path to a .py file)")
     module = importlib.import_module(f"pipeline.configs.{name_or_path}")
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"{name_or_path} has no get_config()")
-    config = module.get_config()
-    if not isinstance(config, PipelineConfig):
-        raise ConfigError(f"{name_or_path}: get_config() must return a PipelineConfig")
-    return apply_overrides(config, overrides)
+    return config_from_module(module, name_or_path, overrides)
