@@ -74,7 +74,7 @@ def make_artifacts(root: str, name: str, n: int, seed: int = 0):
     from components import example_gen
     from components.sources.base import RawExample
     from models.encoder import build_encoder
-    from pipeline.artifacts import Artifact, write_artifact_json
+    from components.artifacts import Artifact, write_artifact_json
     from pipeline.config import DataConfig
 
     rng = np.random.default_rng(seed)

@@ -53,7 +53,7 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
     import tensorflow as tf
     from components import schema
     from models import text
-    from pipeline.artifacts import write_artifact_json
+    from components.artifacts import write_artifact_json
     rng = np.random.default_rng(seed)
     h, w, d = grid_shape
     annotations, vocabulary = os.path.join(folder, "annotations"), os.path.join(folder, "vocab")
@@ -91,7 +91,8 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
 def run_trainer(annotations: str, vocabulary: str, folder: str, overrides) -> dict:
     """Trains in a fresh process; returns the Model properties and the process seconds."""
     result = os.path.join(folder, "result.json")
-    cmd = [sys.executable, "-m", "components.trainer", "--config", "demo",
+    cmd = [sys.executable, "-m", "components.trainer",
+           "--config", os.path.join(ROOT, "pipeline", "configs", "demo.py"),
            "--annotations", annotations, "--vocabulary", vocabulary,
            "--work-dir", os.path.join(folder, "work"), "--result", result]
     for item in overrides:

@@ -7,6 +7,10 @@ model. Old versions beyond `push.keep_versions` are first renamed out of the
 way, then deleted. `models.config` and `batching_parameters.txt` for
 `tensorflow_model_server` are rewritten atomically too.
 
+The exported graph decodes exactly as the Evaluator measured and blessed:
+beam size, maximum length and length normalization come from the
+Evaluation artifact's `decoding` property, not from a second set of keys.
+
 Each version records what it was exported from (`assets.extra/captioner_push.json`,
 which TF Serving ignores). When the newest version already holds the same
 model, vocabulary and export settings (a Pusher killed after publishing it,
@@ -120,7 +124,7 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     version = max(existing_versions(model_dir), default=0) + 1
     tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
     build(tmp)
-    from pipeline.artifacts import fsync_tree
+    from components.artifacts import fsync_tree
     fsync_tree(tmp)
     final = os.path.join(model_dir, str(version))
     while os.path.exists(final):  # a concurrent pusher took it
@@ -134,6 +138,23 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     return version, final
 
 
+def blessed_decoding(evaluation) -> dict:
+    """The decoding settings the Evaluator measured (`beam_size`, `max_length`, `length_normalization`).
+
+    Args:
+      evaluation: the Evaluation artifact.
+    Returns:
+      The settings, as keyword arguments of `serving.export.export_saved_model`.
+    """
+    decoding = evaluation.properties.get("decoding")
+    keys = ("beam_size", "max_length", "length_normalization")
+    if not isinstance(decoding, dict) or set(keys) - set(decoding):
+        raise RuntimeError(f"{evaluation.uri} does not record the decoding settings it "
+                           "measured: re-run the Evaluator (`--stages Evaluator,Pusher`)")
+    return {"beam_size": int(decoding["beam_size"]), "max_length": int(decoding["max_length"]),
+            "length_normalization": float(decoding["length_normalization"])}
+
+
 def _export(ctx, path: str, record: dict) -> None:
     """Writes the SavedModel version folder `path` and its `PUSH_RECORD`."""
     import keras
@@ -144,9 +165,8 @@ def _export(ctx, path: str, record: dict) -> None:
     decoder = keras.saving.load_model(schema.model_file(ctx.inputs["model"].uri))
     encoder = keras.saving.load_model(ctx.inputs["encoder"].path(schema.ENCODER_FILE))
     vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
-    export_saved_model(path, encoder, decoder, vocabulary, beam_size=cfg.beam_size,
-                       max_length=cfg.max_length, model_name=cfg.model_name,
-                       num_warmup_requests=cfg.num_warmup_requests)
+    export_saved_model(path, encoder, decoder, vocabulary, **record["export"]["decoding"],
+                       model_name=cfg.model_name, num_warmup_requests=cfg.num_warmup_requests)
     os.makedirs(os.path.dirname(os.path.join(path, PUSH_RECORD)), exist_ok=True)
     with open(os.path.join(path, PUSH_RECORD), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2, sort_keys=True)
@@ -167,7 +187,7 @@ def run(ctx) -> dict:
     model_art = ctx.inputs["model"]
     record = {"model": model_art.fingerprint, "encoder": ctx.inputs["encoder"].fingerprint,
               "vocabulary": ctx.inputs["vocabulary"].fingerprint,
-              "export": {"beam_size": cfg.beam_size, "max_length": cfg.max_length,
+              "export": {"decoding": blessed_decoding(ctx.inputs["evaluation"]),
                          "model_name": cfg.model_name,
                          "num_warmup_requests": cfg.num_warmup_requests}}
     start = time.time()
@@ -192,5 +212,6 @@ def run(ctx) -> dict:
                        "serving_dir": serving_dir, "model_name": cfg.model_name,
                        "model_uri": model_art.uri,
                        "evaluation_uri": ctx.inputs["evaluation"].uri,
+                       "decoding": record["export"]["decoding"],
                        "models_config": os.path.join(serving_dir, MODELS_CONFIG),
                        "external_paths": [path]}}}

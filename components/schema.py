@@ -164,7 +164,12 @@ ARTIFACT_LAYOUTS = (
         "Evaluation", "Evaluator",
         (("metrics.json", "the coco-caption metrics (and grounding where boxes exist)"),
          ("captions.jsonl", "one decoded caption per test image, with its references"),
-         ("figures/index.html", "attention figures (PNGs beside it)"))),
+         ("figures/index.html", "attention figures (PNGs beside it)")),
+        notes="`properties`: the `metrics` and the `decoding` they were measured with "
+              "(`beam_size`, `max_length`, `length_normalization`, from `eval.*`); the Pusher "
+              "exports exactly that decoding. The Blessing compares with the Evaluation of the "
+              "last pushed model, which the runner resolves from the metadata store (see "
+              "[ARCHITECTURE.md](ARCHITECTURE.md#the-dag-and-its-resolver))."),
     ArtifactLayout(
         "Blessing", "Evaluator",
         (("BLESSED", "present when blessed, else `NOT_BLESSED`; its text gives the reasons"),
@@ -177,7 +182,7 @@ ARTIFACT_LAYOUTS = (
               "vocabulary it was exported from, so that a Pusher re-run after a crash reuses "
               "the version instead of pushing the same model twice; TF Serving ignores it), "
               "`<serving_dir>/models.config`, `<serving_dir>/batching_parameters.txt`; the "
-              "artifact records the version and path."),
+              "artifact records the version, path and `decoding` of the exported graph."),
 )
 
 # ----------------------------------------------------------------------------- shards

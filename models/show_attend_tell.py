@@ -40,9 +40,10 @@ class ShowAttendTell(keras.Model):
     logits and losses are float32 under mixed precision; the LSTM cell state
     is float32 too.
 
-    The constructor takes the fields of `pipeline.config.ModelConfig` as
-    keyword arguments, so `ShowAttendTell(vocab_size, **dataclasses.asdict(cfg))`
-    works.
+    The constructor takes the fields of `components.config.ModelConfig` as
+    keyword arguments, except that the config's
+    `expected_alpha_warmup_epochs` arrives here as `expected_alpha_warmup`
+    minibatches (the trainer multiplies by its steps per epoch).
 
     Args:
       vocab_size: number of tokens, reserved ones included (`models.text`).

@@ -5,51 +5,82 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class LatestArtifact:
+    """A resolver input: the newest artifact in the metadata store that matches, not this run's.
+
+    Like TFX's `LatestBlessedModelResolver`: the Evaluator compares its model
+    with the last one pushed, which an earlier run produced. The runner looks
+    it up before the stage runs; the found artifact keys the cache like any
+    input, and when none matches the input is simply absent.
+
+    Attributes:
+      stage: the stage whose output is searched.
+      output: that stage's output name.
+      where: properties the output must have (e.g. `{"pushed": True}`).
+      follow: when set, return the artifact the matching execution read as
+        this input instead (the Evaluation that blessed a pushed model).
+      unless_same: an input of the stage being resolved; a match whose
+        execution read that same artifact under this name is skipped (a model
+        is not compared with its own earlier push).
+    """
+    stage: str
+    output: str
+    where: dict = field(default_factory=dict)
+    follow: str = ""
+    unless_same: str = ""
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """One pipeline stage.
 
     Attributes:
       name: stage name as used on the command line.
-      module: the component module exposing `run(ctx) -> dict`.
+      module: the component module exposing `run(ctx) -> dict`; the source of
+        its import closure inside the project keys the cache.
       inputs: input name -> (upstream stage, artifact name).
       outputs: artifact name -> artifact type.
-      config_sections: the config sections whose values key the cache.
-      code: package-relative files/folders whose source keys the cache.
+      config_sections: what the stage reads of the config: sections (`"model"`) or
+        single keys (`"encoder.image_size"`). The stage can read nothing
+        else (`components.config.DeclaredConfig`), and exactly this keys
+        the cache.
+      resolved: input name -> `LatestArtifact`, inputs looked up in the
+        metadata store rather than produced in this run.
+      summary: run-summary key -> (output name, artifact property): what the
+        run summary shows of this stage's outputs.
     """
     name: str
     module: str
     inputs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     config_sections: tuple = ()
-    code: tuple = ()
+    resolved: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
 
+
+# The last model pushed (blessed, since only blessed models are pushed), as
+# the Evaluation that measured it.
+LATEST_PUSHED_EVALUATION = LatestArtifact("Pusher", "pushed_model", where={"pushed": True},
+                                          follow="evaluation", unless_same="model")
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("ExampleGen", "components.example_gen",
-              inputs={},
               outputs={"examples": "Examples"},
-              config_sections=("data",),
-              code=("components/example_gen.py", "components/sources", "components/io_utils.py",
-                    "components/schema.py")),
+              config_sections=("data",)),
     StageSpec("EncoderTrainer", "components.encoder_trainer",
               inputs={"examples": ("ExampleGen", "examples")},
               outputs={"encoder": "Encoder"},
-              config_sections=("encoder",),
-              code=("components/encoder_trainer.py", "components/schema.py", "models")),
+              config_sections=("encoder",)),
     StageSpec("Preprocess", "components.preprocess",
               inputs={"examples": ("ExampleGen", "examples"),
                       "encoder": ("EncoderTrainer", "encoder")},
               outputs={"annotations": "Annotations", "vocabulary": "Vocabulary"},
-              config_sections=("preprocess",),
-              code=("components/preprocess.py", "components/beam_utils.py", "components/schema.py",
-                    "models")),
+              config_sections=("preprocess", "encoder.image_size")),
     StageSpec("Trainer", "components.trainer",
               inputs={"annotations": ("Preprocess", "annotations"),
                       "vocabulary": ("Preprocess", "vocabulary")},
               outputs={"model": "Model"},
-              config_sections=("model", "train"),
-              code=("components/trainer", "components/train_data.py", "components/distribute.py",
-                    "components/schema.py", "models")),
+              config_sections=("model", "train")),
     StageSpec("Evaluator", "components.evaluator",
               inputs={"model": ("Trainer", "model"),
                       "annotations": ("Preprocess", "annotations"),
@@ -57,8 +88,8 @@ STAGES: tuple[StageSpec, ...] = (
                       "examples": ("ExampleGen", "examples")},
               outputs={"evaluation": "Evaluation", "blessing": "Blessing"},
               config_sections=("eval",),
-              code=("components/evaluator.py", "components/metrics", "components/figures.py",
-                    "components/io_utils.py", "components/schema.py", "models")),
+              resolved={"baseline": LATEST_PUSHED_EVALUATION},
+              summary={"metrics": ("evaluation", "metrics"), "blessed": ("blessing", "blessed")}),
     StageSpec("Pusher", "components.pusher",
               inputs={"model": ("Trainer", "model"),
                       "encoder": ("EncoderTrainer", "encoder"),
@@ -67,7 +98,7 @@ STAGES: tuple[StageSpec, ...] = (
                       "evaluation": ("Evaluator", "evaluation")},
               outputs={"pushed_model": "PushedModel"},
               config_sections=("push",),
-              code=("components/pusher.py", "components/schema.py", "serving/export.py", "models")),
+              summary={"pushed_version": ("pushed_model", "version")}),
 )
 
 STAGE_NAMES = tuple(s.name for s in STAGES)

@@ -114,11 +114,12 @@ class MetadataStore:
             " WHERE e.execution_id=? AND e.kind='output'", (execution_id,)).fetchall()
         return {r["name"]: dict(r) for r in rows}
 
-    def latest_artifacts(self, type: str) -> list[dict]:
-        """Artifacts of a type from complete executions, newest first."""
+    def latest_outputs(self, stage: str, name: str) -> list[dict]:
+        """Artifacts named `name` that complete executions of `stage` wrote, newest first."""
         rows = self._db.execute(
             "SELECT a.* FROM artifacts a JOIN executions x ON x.id = a.execution_id"
-            " WHERE a.type=? AND x.state='complete' ORDER BY a.id DESC", (type,)).fetchall()
+            " WHERE x.stage=? AND a.name=? AND x.state='complete' ORDER BY a.id DESC",
+            (stage, name)).fetchall()
         return [dict(r) for r in rows]
 
     def executions(self) -> list[dict]:

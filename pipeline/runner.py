@@ -11,15 +11,14 @@ import sqlite3
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
+from components.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
 from pipeline import config as config_lib
 from pipeline import dag
-from pipeline.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
+from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
-
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class StageError(RuntimeError):
@@ -32,8 +31,10 @@ class StageContext:
 
     Attributes:
       stage: the stage name.
-      config: the whole resolved `PipelineConfig`.
-      inputs: input name -> published `Artifact`.
+      config: the resolved config as a `DeclaredConfig`: only the sections
+        and keys the stage's DAG entry declares can be read.
+      inputs: input name -> published `Artifact`, resolver inputs (the
+        DAG's `resolved`) included when they found one.
       outputs: artifact name -> folder to fill (inside the unpublished
         execution folder).
       work_dir: a folder that survives a crash of this stage and is shared by
@@ -41,47 +42,34 @@ class StageContext:
       root: the pipeline root.
       execution_id: this execution's id in the metadata store.
       beam_args: extra Beam pipeline options from `--beam-arg`.
-      baseline: for the Evaluator, the artifacts of the last pushed model
-        (`{"evaluation": Artifact, "pushed_model": Artifact}`) or `{}`.
     """
     stage: str
-    config: config_lib.PipelineConfig
+    config: config_lib.DeclaredConfig
     inputs: dict
     outputs: dict
     work_dir: str
     root: str
     execution_id: int
     beam_args: tuple = ()
-    baseline: dict = field(default_factory=dict)
-
-
-def code_version(paths: Sequence[str]) -> str:
-    """A hash of the Python sources a stage runs (files or folders under the package)."""
-    h = hashlib.sha256()
-    for rel in sorted(paths):
-        full = os.path.join(PACKAGE_ROOT, rel)
-        files = []
-        if os.path.isdir(full):
-            for dirpath, dirnames, names in os.walk(full):
-                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-                files += [os.path.join(dirpath, n) for n in sorted(names) if n.endswith(".py")]
-        elif os.path.exists(full):
-            files = [full]
-        for path in files:
-            h.update(os.path.relpath(path, PACKAGE_ROOT).encode())
-            with open(path, "rb") as f:
-                h.update(f.read())
-    return h.hexdigest()[:16]
 
 
 def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
-                      inputs: Mapping[str, Artifact]) -> str:
-    """sha256 over the stage config sections, input fingerprints and code version."""
+                      inputs: Mapping[str, Artifact], code: str) -> str:
+    """sha256 over the declared config, the input fingerprints and the code fingerprint.
+
+    Args:
+      spec: the stage.
+      config: the resolved config; only what `spec.config_sections` declares counts.
+      inputs: the stage's input artifacts (resolver inputs included).
+      code: `pipeline.imports.code_fingerprint` of the stage's module.
+    Returns:
+      64 hex digits.
+    """
     payload = {
         "stage": spec.name,
-        "config": {s: config_lib.to_dict(getattr(config, s)) for s in spec.config_sections},
+        "config": config_lib.DeclaredConfig(config, spec.config_sections, spec.name).to_dict(),
         "inputs": {k: v.fingerprint for k, v in sorted(inputs.items())},
-        "code": code_version(spec.code),
+        "code": code,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str)
                           .encode()).hexdigest()
@@ -161,6 +149,50 @@ def _disk_error_message(stage: str | None, error: tuple[int, str | None], root: 
     return f"{what}: {_DISK_ERRNOS[code]}{where} (pipeline root {root!r}); {advice}"
 
 
+def resolve_latest(store: MetadataStore, resolver: dag.LatestArtifact,
+                   inputs: Mapping[str, Artifact]) -> Artifact | None:
+    """The newest published artifact that `resolver` describes, or None.
+
+    Args:
+      store: the metadata store (lineage of earlier runs).
+      resolver: what to look for.
+      inputs: the stage's inputs so far (for `resolver.unless_same`).
+    Returns:
+      The artifact (the `follow`ed input of the matching execution when
+      `follow` is set), or None when nothing intact matches.
+    """
+    same = inputs.get(resolver.unless_same) if resolver.unless_same else None
+    for row in store.latest_outputs(resolver.stage, resolver.output):
+        try:
+            art = Artifact.load(row["uri"])
+        except ArtifactError:
+            continue
+        if any(art.properties.get(k) != v for k, v in resolver.where.items()):
+            continue
+        read = {e["name"]: e["uri"] for e in store.events(row["execution_id"])
+                if e["kind"] == "input"}
+        if same is not None and read.get(resolver.unless_same) == same.uri:
+            continue
+        if not resolver.follow:
+            return art
+        try:
+            return Artifact.load(read[resolver.follow])
+        except (KeyError, ArtifactError):
+            continue
+    return None
+
+
+def summarize(spec: dag.StageSpec, outputs: Mapping[str, Artifact]) -> dict:
+    """The run-summary entries `spec.summary` names, read from the outputs' properties."""
+    entries = {}
+    for key, (output, prop) in spec.summary.items():
+        art = outputs.get(output)
+        if art is not None and prop in art.properties:
+            value = art.properties[prop]
+            entries[key] = dict(value) if isinstance(value, Mapping) else value
+    return entries
+
+
 class Runner:
     """Runs the pipeline DAG locally.
 
@@ -170,12 +202,16 @@ class Runner:
       use_cache: reuse outputs of earlier executions with the same fingerprint.
       beam_args: extra Beam pipeline options for the Beam stages.
       log: a function taking one line of progress text.
+      stages: the DAG (default: the product's stages).
+      code_root: the folder holding the stage modules' packages, whose
+        import closures key the cache.
     """
 
     def __init__(self, config: config_lib.PipelineConfig, root: str, use_cache: bool = True,
                  beam_args: Sequence[str] = (), log=None,
-                 stages: Sequence[dag.StageSpec] = dag.STAGES):
+                 stages: Sequence[dag.StageSpec] = dag.STAGES, code_root: str = PACKAGE_ROOT):
         self.stages = tuple(stages)
+        self.code_root = code_root
         self.specs = {s.name: s for s in self.stages}
         self.config = config
         self.root = os.path.abspath(root)
@@ -216,7 +252,12 @@ class Runner:
                 inputs = {}
                 for in_name, (up_stage, up_art) in spec.inputs.items():
                     inputs[in_name] = produced[up_stage][up_art]
-                fp = stage_fingerprint(spec, self.config, inputs)
+                for in_name, resolver in spec.resolved.items():
+                    found = resolve_latest(store, resolver, inputs)
+                    if found is not None:
+                        inputs[in_name] = found
+                fp = stage_fingerprint(spec, self.config, inputs,
+                                       code_fingerprint(spec.module, root=self.code_root))
                 if spec.name in selected:
                     result = self._run_stage(store, spec, inputs, fp)
                 else:
@@ -229,11 +270,7 @@ class Runner:
                 produced[spec.name] = result.pop("artifacts")
                 if spec.name in selected:
                     summary["stages"][spec.name] = result
-                    for art in produced[spec.name].values():
-                        if art.type == "Evaluation":
-                            summary["metrics"] = dict(art.properties.get("metrics", {}))
-                        elif art.type == "Blessing":
-                            summary["blessed"] = bool(art.properties.get("blessed"))
+                    summary.update(summarize(spec, produced[spec.name]))
             current = None
             summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             self._write_summary(summary)
@@ -284,26 +321,6 @@ class Runner:
                 "outputs": {name: art.uri for name, art in arts.items()},
                 "counts": counts, "artifacts": dict(arts)}
 
-    def _baseline(self, store: MetadataStore, spec: dag.StageSpec,
-                  inputs: Mapping[str, Artifact]) -> dict:
-        if spec.name != "Evaluator":
-            return {}
-        current_model = inputs["model"].uri
-        for row in store.latest_artifacts("PushedModel"):
-            try:
-                pushed = Artifact.load(row["uri"], "PushedModel")
-            except ArtifactError:
-                continue
-            if pushed.properties.get("model_uri") == current_model:
-                continue
-            evaluation_uri = pushed.properties.get("evaluation_uri")
-            try:
-                evaluation = Artifact.load(evaluation_uri, "Evaluation")
-            except (ArtifactError, TypeError):
-                continue
-            return {"pushed_model": pushed, "evaluation": evaluation}
-        return {}
-
     def _run_stage(self, store: MetadataStore, spec: dag.StageSpec,
                    inputs: Mapping[str, Artifact], fp: str) -> dict:
         if self.use_cache:
@@ -327,10 +344,10 @@ class Runner:
         outputs = {name: os.path.join(tmp_dir, name) for name in spec.outputs}
         for path in outputs.values():
             os.makedirs(path, exist_ok=True)
-        ctx = StageContext(stage=spec.name, config=self.config, inputs=dict(inputs),
+        declared = config_lib.DeclaredConfig(self.config, spec.config_sections, spec.name)
+        ctx = StageContext(stage=spec.name, config=declared, inputs=dict(inputs),
                            outputs=outputs, work_dir=work_dir, root=self.root,
-                           execution_id=execution_id, beam_args=self.beam_args,
-                           baseline=self._baseline(store, spec, inputs))
+                           execution_id=execution_id, beam_args=self.beam_args)
         self.log(f"[{spec.name}] running (execution {execution_id})")
         start = time.time()
         try:

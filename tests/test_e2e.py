@@ -112,3 +112,57 @@ def test_attention_signal_analysis_runs_on_a_pipeline_root(tiny_run):
         assert result[key] <= 0.0
     assert 0.0 <= result["alpha_mass_inside"] <= 1.0
     assert 0.0 <= result["best_region_inside"] <= 1.0
+
+
+def _properties(uri):
+    with open(os.path.join(uri, "artifact.json")) as f:
+        return json.load(f)["properties"]
+
+
+def _captions(evaluation_uri):
+    with open(os.path.join(evaluation_uri, "captions.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_streamed_evaluation_does_not_depend_on_the_batch_size(tiny_run, tmp_path):
+    root, summary = tiny_run
+    _captioner("run", "--config", "tiny", "--root", root, "--stages", "Evaluator",
+               "--set", "eval.batch_size=3")
+    with open(os.path.join(root, "run_summary.json")) as f:
+        small = json.load(f)
+    assert small["stages"]["Evaluator"]["status"] == "ran"
+    drop = lambda m: {k: v for k, v in m.items() if k != "decode_seconds"}  # noqa: E731
+    assert drop(small["metrics"]) == drop(summary["metrics"])
+    assert (_captions(small["stages"]["Evaluator"]["outputs"]["evaluation"])
+            == _captions(summary["stages"]["Evaluator"]["outputs"]["evaluation"]))
+
+
+def test_the_pushed_graph_decodes_as_the_evaluator_measured(tiny_run, tmp_path):
+    root, first = tiny_run
+    settings = {"beam_size": 3, "max_length": 9, "length_normalization": 0.7}
+    serving_dir = str(tmp_path / "serving")
+    _captioner("run", "--config", "tiny", "--root", root, "--stages", "Evaluator,Pusher",
+               *[f"--set=eval.{k}={v}" for k, v in settings.items()],
+               "--set", f"push.serving_dir={serving_dir}")
+    with open(os.path.join(root, "run_summary.json")) as f:
+        summary = json.load(f)
+    evaluation = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
+    pushed = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
+    assert _properties(evaluation)["decoding"] == settings == pushed["decoding"]
+
+    from components.evaluator import read_annotations
+    from serving.client import CaptionClient
+    from serving.server import ModelServer
+    data = read_annotations(first["stages"]["Preprocess"]["outputs"]["annotations"], "test")
+    measured = {row["image_id"]: row for row in _captions(evaluation)}
+    assert sorted(measured) == data["ids"]
+    server = ModelServer(model_base_path=os.path.dirname(pushed["path"]),
+                         model_name="captioner", port=0, rest_port=0).start()
+    try:
+        client = CaptionClient(server.grpc_address, model_name="captioner")
+        served = client.caption_annotations(data["annotations"])
+    finally:
+        server.stop()
+    for image_id, result in zip(data["ids"], served):
+        assert result["caption"] == measured[image_id]["caption"], image_id
+        assert float(result["score"]) == measured[image_id]["score"], image_id  # bit for bit

@@ -17,6 +17,11 @@ import numpy as np
 from components.sources.shapes_grammar import ObjectPhrase, parse_caption, relation_holds
 
 
+COUNT_KEYS = ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
+              "num_attribute_correct", "num_sized_phrases", "num_size_correct",
+              "num_relation_images", "num_relation_correct")
+
+
 def grounding_metrics(captions: Sequence[Sequence[str] | str],
                       attentions: Sequence[np.ndarray],
                       objects: Sequence[Sequence[Mapping]],
@@ -53,10 +58,7 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
     if not len(captions) == len(attentions) == len(objects):
         raise ValueError(f"captions, attentions and objects differ in length: "
                          f"{len(captions)}, {len(attentions)}, {len(objects)}")
-    counts = dict.fromkeys(
-        ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
-         "num_attribute_correct", "num_sized_phrases", "num_size_correct",
-         "num_relation_images", "num_relation_correct"), 0)
+    counts = dict.fromkeys(COUNT_KEYS, 0)
     for words, attention, gt in zip(captions, attentions, objects):
         words = words.split() if isinstance(words, str) else list(words)
         attention = np.asarray(attention)
@@ -85,15 +87,35 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
         if len(gt) >= 2:
             counts["num_relation_images"] += 1
             counts["num_relation_correct"] += _relation_true(parsed, by_key)
+    return _with_rates(counts, len(captions))
+
+
+def merge_grounding(parts: Sequence[Mapping]) -> dict:
+    """`grounding_metrics` of the union of disjoint image sets, from each set's result.
+
+    The Evaluator scores one batch at a time; the counts add up, and the rates
+    come out exactly as if every image had been scored at once.
+
+    Args:
+      parts: `grounding_metrics` results.
+    Returns:
+      The same keys as `grounding_metrics`.
+    """
+    counts = {k: sum(int(p[k]) for p in parts) for k in COUNT_KEYS}
+    return _with_rates(counts, sum(int(p["num_images"]) for p in parts))
+
+
+def _with_rates(counts: Mapping[str, int], num_images: int) -> dict:
+    """The rates of `grounding_metrics` from its counts."""
     rate = lambda a, b: counts[a] / counts[b] if counts[b] else None  # noqa: E731
     return {
         "grounding": rate("num_grounded", "num_matched_phrases"),
         "grounding_noun": rate("num_grounded_noun", "num_matched_phrases"),
-        "attribute_accuracy": (counts["num_attribute_correct"] / len(captions)
-                               if len(captions) else None),
+        "attribute_accuracy": (counts["num_attribute_correct"] / num_images
+                               if num_images else None),
         "size_accuracy": rate("num_size_correct", "num_sized_phrases"),
         "relation_accuracy": rate("num_relation_correct", "num_relation_images"),
-        "num_images": len(captions),
+        "num_images": num_images,
         **counts,
     }
 

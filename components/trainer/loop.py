@@ -205,7 +205,8 @@ class TrainingLoop:
         from components.trainer.model_setup import build_model, make_optimizer
         with self.strategy.scope():
             self.model = build_model(self.config.model, self.inputs.vocab_size,
-                                     self.inputs.grid_shape, seed=self.tcfg.seed)
+                                     self.inputs.grid_shape, seed=self.tcfg.seed,
+                                     steps_per_epoch=self.inputs.steps_per_epoch)
             self.optimizer = make_optimizer(self.tcfg, self.inputs.total_steps)
             self.optimizer.build(self.model.trainable_variables)
         self.state = checkpointing.TrainState()

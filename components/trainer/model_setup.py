@@ -4,20 +4,26 @@ from __future__ import annotations
 import dataclasses
 
 
-def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = None):
+def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = None,
+                steps_per_epoch: int = 0):
     """A built `ShowAttendTell` from the `ModelConfig` fields (in the current dtype policy).
 
     Args:
-      model_config: `pipeline.config.ModelConfig`.
+      model_config: `components.config.ModelConfig`.
       vocab_size: tokens in the vocabulary, reserved ones included.
       grid_shape: `[H, W, D]` of the annotations.
       seed: seeds the model's sampler, dropout and coin flips.
+      steps_per_epoch: turns `expected_alpha_warmup_epochs` into the model's
+        minibatch count, so the warmup keeps its meaning at any data size.
     Returns:
       The built model.
     """
     from models.show_attend_tell import ShowAttendTell
     h, w, d = (int(v) for v in grid_shape)
-    model = ShowAttendTell(vocab_size, seed=seed, **dataclasses.asdict(model_config))
+    kwargs = dataclasses.asdict(model_config)
+    warmup_epochs = kwargs.pop("expected_alpha_warmup_epochs")
+    kwargs["expected_alpha_warmup"] = round(warmup_epochs * steps_per_epoch)
+    model = ShowAttendTell(vocab_size, seed=seed, **kwargs)
     model.build((None, h * w, d))
     return model
 
@@ -26,7 +32,7 @@ def learning_rate_schedule(train_config, total_steps: int):
     """`train.learning_rate` constant or cosine-decayed to 0, after `warmup_steps` linear warmup.
 
     Args:
-      train_config: `pipeline.config.TrainConfig`.
+      train_config: `components.config.TrainConfig`.
       total_steps: the steps the schedule spans.
     Returns:
       A float (constant, no warmup) or a Keras `CosineDecay` schedule.
@@ -52,7 +58,7 @@ def make_optimizer(train_config, total_steps: int):
     """Adam or RMSProp (paper section 4.3) on the schedule; loss scaling for mixed_float16.
 
     Args:
-      train_config: `pipeline.config.TrainConfig`.
+      train_config: `components.config.TrainConfig`.
       total_steps: the steps of the whole run (for the schedule).
     Returns:
       A Keras optimizer, wrapped in a `LossScaleOptimizer` under mixed_float16.

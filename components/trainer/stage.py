@@ -40,7 +40,7 @@ def run(ctx) -> dict:
     Returns:
       `{"model": {"counts": {...}, "properties": {...}}}`.
     """
-    from pipeline import config as config_lib
+    from components import config as config_lib
     tcfg = ctx.config.train
     annotations, vocabulary = ctx.inputs["annotations"], ctx.inputs["vocabulary"]
     out = ctx.outputs["model"]

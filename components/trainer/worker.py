@@ -32,12 +32,13 @@ def main(argv=None) -> int:
     Every worker of a multi-worker job runs this with its own `TF_CONFIG`
     (the chief may run the pipeline's Trainer stage instead).
     """
-    from pipeline import config as config_lib
-    from pipeline.artifacts import Artifact, ArtifactError
+    from components import config as config_lib
+    from components.artifacts import Artifact, ArtifactError
     p = argparse.ArgumentParser(prog="python -m components.trainer", description=main.__doc__)
     p.add_argument("--annotations", required=True, help="Annotations artifact folder")
     p.add_argument("--vocabulary", required=True, help="Vocabulary artifact folder")
-    p.add_argument("--config", default="demo", help="named config or .py path")
+    p.add_argument("--config", default="", help="a config .py file (for a named config, "
+                   "pass the JSON of `captioner config --config NAME` as --config-json)")
     p.add_argument("--config-json", default="", help="a resolved config (written by the stage)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
     p.add_argument("--output", default="", help="Model folder (the chief's; default "
@@ -55,8 +56,11 @@ def main(argv=None) -> int:
         with open(args.config_json) as f:
             config = config_lib.from_dict(json.load(f))
         config = config_lib.apply_overrides(config, args.overrides)
+    elif args.config.endswith(".py"):
+        config = config_lib.load_config_file(args.config, args.overrides)
     else:
-        config = config_lib.load_config(args.config, args.overrides)
+        p.error("give --config-json (e.g. `captioner config --config tiny --set ... > "
+                "config.json`) or --config PATH.py")
     work_dir = args.work_dir or (os.path.dirname(os.path.abspath(args.config_json))
                                  if args.config_json else os.path.abspath("trainer_work"))
     output = args.output or os.path.join(work_dir, "model")

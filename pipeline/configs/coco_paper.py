@@ -9,7 +9,7 @@ Needs the Karpathy split file, the COCO 2014 images and ImageNet weights
 the paper reports BLEU-4 24.3 (soft) / 25.0 (hard), METEOR 23.90 / 23.04.
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+                             PipelineConfig, PreprocessConfig, TrainConfig)
 
 
 def get_config() -> PipelineConfig:
@@ -29,5 +29,4 @@ def get_config() -> PipelineConfig:
                           val_examples=1000),
         eval=EvalConfig(beam_size=3, max_length=30, batch_size=256,
                         thresholds={"Bleu_4": 0.2}),
-        push=PushConfig(beam_size=3, max_length=30),
     )

@@ -8,7 +8,7 @@ About a few hours on one GPU; the paper reports BLEU-4 19.5 (soft) / 21.3
 (hard) on Flickr8k.
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+                             PipelineConfig, PreprocessConfig, TrainConfig)
 
 
 def get_config() -> PipelineConfig:
@@ -25,5 +25,4 @@ def get_config() -> PipelineConfig:
         train=TrainConfig(batch_size=64, epochs=30, learning_rate=1e-4,
                           early_stopping_metric="bleu4", patience=5, checkpoint_every=1000),
         eval=EvalConfig(beam_size=3, max_length=30, thresholds={"Bleu_4": 0.1}),
-        push=PushConfig(beam_size=3, max_length=30),
     )

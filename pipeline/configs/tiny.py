@@ -23,5 +23,5 @@ def get_config() -> PipelineConfig:
                           log_every=5, shuffle_buffer=64),
         eval=EvalConfig(beam_size=2, max_length=12, batch_size=32, num_figures=2,
                         thresholds={"Bleu_4": 0.0}),
-        push=PushConfig(beam_size=2, max_length=12, num_warmup_requests=1),
+        push=PushConfig(num_warmup_requests=1),
     )

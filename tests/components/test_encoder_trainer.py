@@ -5,7 +5,7 @@ import pytest
 from components import encoder_trainer, example_gen
 from components.sources.synthetic import generate
 from pipeline.config import DataConfig, EncoderConfig, PipelineConfig
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.runner import StageContext
 
 

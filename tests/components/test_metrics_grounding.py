@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from components.metrics.grounding import grounding_metrics
+from components.metrics.grounding import grounding_metrics, merge_grounding
 
 # 4x4 grid: cell (r, c) has centre ((r + .5) / 4, (c + .5) / 4).
 RED = {"bbox": (0.0, 0.0, 0.25, 0.25), "color": "red", "shape": "circle", "size": "small"}
@@ -94,3 +94,18 @@ def test_extra_end_step_is_ignored_and_short_maps_rejected():
 def test_empty_inputs_give_none_rates():
     m = grounding_metrics([], [], [])
     assert m["grounding"] is None and m["attribute_accuracy"] is None and m["num_images"] == 0
+
+
+def test_merging_batches_equals_scoring_every_image_at_once():
+    captions = ["a small red circle to the left of a large blue square".split(),
+                ["a", "red", "circle"], ["a", "green", "cross"], ["a", "blue", "square"],
+                ["nothing", "here"]]
+    cells = [[(3, 3)] * 3 + [(0, 0)] + [(2, 2)] * 4 + [(3, 0)] * 4, [(1, 1)] * 3,
+             [(3, 3)] * 3, [(0, 0)] * 3, [(0, 0)] * 2]
+    objects = [[RED, BLUE], [RED], [GREEN, RED], [BLUE], []]
+    maps = [_maps(c) for c in cells]
+    whole = grounding_metrics(captions, maps, objects)
+    for cut in (1, 2, 4):
+        parts = [grounding_metrics(captions[i:i + cut], maps[i:i + cut], objects[i:i + cut])
+                 for i in range(0, len(captions), cut)]
+        assert merge_grounding(parts) == whole

@@ -16,7 +16,7 @@ from components.sources.base import RawExample
 from models import text
 from models.encoder import build_encoder
 from models.image_ops import decode_and_resize
-from pipeline.artifacts import Artifact, write_artifact_json
+from components.artifacts import Artifact, write_artifact_json
 from pipeline.config import DataConfig, PipelineConfig, PreprocessConfig
 from pipeline.runner import StageContext
 

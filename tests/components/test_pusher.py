@@ -3,11 +3,12 @@ import os
 import threading
 import time
 
+import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from components import pusher
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 
@@ -101,3 +102,13 @@ def test_not_blessed_pushes_nothing(tmp_path, capsys):
     assert result["pushed_model"]["properties"]["pushed"] is False
     assert not os.path.exists(tmp_path / "serving")
     assert "NOT blessed" in capsys.readouterr().err
+
+
+def test_the_export_decodes_as_the_evaluation_measured(tmp_path):
+    measured = {"beam_size": 4, "max_length": 17, "length_normalization": 0.7}
+    evaluation = Artifact(type="Evaluation", uri=str(tmp_path),
+                          properties={"metrics": {}, "decoding": measured})
+    assert pusher.blessed_decoding(evaluation) == measured
+    older = Artifact(type="Evaluation", uri=str(tmp_path), properties={"metrics": {}})
+    with pytest.raises(RuntimeError, match="decoding settings"):
+        pusher.blessed_decoding(older)

@@ -22,7 +22,7 @@ from components import distribute, schema, train_data, trainer
 from components.trainer import checkpointing, model_setup
 from models.text import PAD_ID
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.config import ModelConfig, PipelineConfig, TrainConfig
 from pipeline import dag
 from pipeline.runner import Runner, StageContext
@@ -293,9 +293,10 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     epochs = 4 if attention == "soft" else 5
     metric = "bleu4" if attention == "hard" else "val_loss"
     # Hard: 2 epochs (8 steps) of expected-alpha warmup, which are not best-model candidates.
-    warmup = 8 if attention == "hard" else 0
+    warmup_epochs = 2 if attention == "hard" else 0
+    warmup = warmup_epochs * 4  # steps: 32 train records, batch 8
     config = _config(model=ModelConfig(**{**vars(TINY_MODEL), "attention": attention,
-                                          "expected_alpha_warmup": warmup}),
+                                          "expected_alpha_warmup_epochs": warmup_epochs}),
                      epochs=epochs, early_stopping_metric=metric, lr_schedule="cosine",
                      warmup_steps=2, bucket_by_length=attention == "hard")
     ctx = _ctx(source, str(tmp_path), config)
@@ -317,6 +318,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     assert model_config["vocab_size"] == 18 and model_config["model"]["attention"] == attention
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
     assert checkpointing.weights_digest(model) == props["weights_digest"]
+    assert model.expected_alpha_warmup == warmup  # epochs x steps per epoch
     assert tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).endswith(
         f"ckpt-{4 * epochs}")
     events = _events(os.path.join(out, "logs"))

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from pipeline.artifacts import Artifact, write_artifact_json  # noqa: E402
+from components.artifacts import Artifact, write_artifact_json  # noqa: E402
 from pipeline.dag import StageSpec  # noqa: E402
 
 GRID = (3, 3, 8)
@@ -105,7 +105,7 @@ def run(ctx) -> dict:
 
 FAKE_PREPROCESS = StageSpec("Preprocess", "tests.components.trainer_worker",
                             outputs={"annotations": "Annotations", "vocabulary": "Vocabulary"},
-                            config_sections=("data",), code=("tests/components/trainer_worker.py",))
+                            config_sections=("data",))
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""ShowAttendTell: the layer contract (STYLE.md), teacher forcing vs decode_step, losses, overfitting."""
+"""ShowAttendTell: the layer contract, teacher forcing vs decode_step, losses, overfitting."""
 import dataclasses
 
 import keras
@@ -20,11 +20,17 @@ def _inputs(seed=0):
 
 
 def test_takes_the_model_config_fields_and_round_trips_its_config():
-    fields = dataclasses.asdict(ModelConfig(attention="hard", hard_inference="argmax"))
-    model = ShowAttendTell(vocab_size=VOCAB, seed=5, **fields)
+    fields = dataclasses.asdict(ModelConfig(attention="hard", hard_inference="argmax",
+                                            expected_alpha_warmup_epochs=2))
+    # The config counts the warmup in epochs, the model in minibatches (the
+    # trainer multiplies by its steps per epoch; here 3).
+    warmup_steps = int(fields.pop("expected_alpha_warmup_epochs") * 3)
+    model = ShowAttendTell(vocab_size=VOCAB, seed=5, expected_alpha_warmup=warmup_steps,
+                           **fields)
     config = model.get_config()
     for key, value in fields.items():
         assert config[key] == value
+    assert config["expected_alpha_warmup"] == 6
     assert config["vocab_size"] == VOCAB and config["seed"] == 5
     assert ShowAttendTell.from_config(config).get_config() == config
     revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))

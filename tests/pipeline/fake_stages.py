@@ -1,7 +1,7 @@
 """Tiny stand-in stages for runner tests: they copy text between artifacts."""
 import os
 
-from pipeline.dag import StageSpec
+from pipeline.dag import LatestArtifact, StageSpec
 
 CALLS = []
 
@@ -37,6 +37,19 @@ def run_c(ctx):
     return {"out": {"properties": {"metrics": {"Bleu_4": 0.5}}}}
 
 
+def run_evaluate(ctx):
+    CALLS.append("C")
+    _write(ctx, "out", _read(ctx.inputs["y"]) + "-evaluated")
+    baseline = ctx.inputs.get("baseline")
+    return {"out": {"properties": {"metrics": {"Bleu_4": 0.5},
+                                   "baseline": baseline.uri if baseline else None}}}
+
+
+def run_push(ctx):
+    CALLS.append("P")
+    return {"pushed": {"properties": {"pushed": True, "version": ctx.execution_id}}}
+
+
 class _Mod:
     def __init__(self, fn):
         self.run = fn
@@ -48,5 +61,19 @@ STAGES = (
     StageSpec("B", "tests.pipeline.fake_stages_b", inputs={"x": ("A", "out")},
               outputs={"out": "Model"}, config_sections=("train",)),
     StageSpec("C", "tests.pipeline.fake_stages_c", inputs={"y": ("B", "out")},
-              outputs={"out": "Evaluation"}, config_sections=("eval",)),
+              outputs={"out": "Evaluation"}, config_sections=("eval",),
+              summary={"metrics": ("out", "metrics")}),
+)
+
+# A -> B -> C -> P, where C compares with the Evaluation behind the last push.
+PUSH_STAGES = (
+    STAGES[0], STAGES[1],
+    StageSpec("C", "tests.pipeline.fake_stages_evaluate", inputs={"y": ("B", "out")},
+              outputs={"out": "Evaluation"}, config_sections=("eval",),
+              resolved={"baseline": LatestArtifact("P", "pushed", where={"pushed": True},
+                                                   follow="evaluation", unless_same="y")}),
+    StageSpec("P", "tests.pipeline.fake_stages_push",
+              inputs={"y": ("B", "out"), "evaluation": ("C", "out")},
+              outputs={"pushed": "PushedModel"}, config_sections=("push",),
+              summary={"pushed_version": ("pushed", "version")}),
 )

@@ -1,4 +1,5 @@
 """Runner: caching, downstream invalidation, atomic publishing, summary and inspect."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -7,16 +8,16 @@ import sys
 import pytest
 
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifact, ArtifactError
+from components.artifacts import Artifact, ArtifactError
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 
 ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(root, overrides=(), use_cache=True, stages=None):
+def _run(root, overrides=(), use_cache=True, stages=None, dag_stages=fake_stages.STAGES):
     config = config_lib.apply_overrides(config_lib.PipelineConfig(), overrides)
-    return Runner(config, str(root), use_cache=use_cache, stages=fake_stages.STAGES,
+    return Runner(config, str(root), use_cache=use_cache, stages=dag_stages,
                   log=lambda _: None).run(stages)
 
 
@@ -115,7 +116,7 @@ def test_inspect_lists_lineage_newest_first(tmp_path):
 def test_code_change_invalidates_cache(tmp_path, monkeypatch):
     _run(tmp_path)
     from pipeline import runner
-    monkeypatch.setattr(runner, "code_version", lambda paths: "changed")
+    monkeypatch.setattr(runner, "code_fingerprint", lambda module, root: "changed")
     assert _statuses(_run(tmp_path)) == {"A": "ran", "B": "ran", "C": "ran"}
 
 
@@ -132,3 +133,95 @@ def test_unwritable_root_fails_clearly(tmp_path):
             _run(root)
     finally:
         os.chmod(tmp_path / "ro", 0o700)
+
+
+def _code_package(root):
+    """Stages A -> B -> C in a package of their own; B imports `helper`."""
+    pkg = root / "runner_codepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("SUFFIX = ''\n")
+    (pkg / "a.py").write_text("from tests.pipeline.fake_stages import run_a as run\n")
+    (pkg / "b.py").write_text("from runner_codepkg import helper  # noqa: F401\n"
+                              "from tests.pipeline.fake_stages import run_b as run\n")
+    (pkg / "c.py").write_text("from tests.pipeline.fake_stages import run_c as run\n")
+    return tuple(dataclasses.replace(spec, module=f"runner_codepkg.{spec.name.lower()}")
+                 for spec in fake_stages.STAGES)
+
+
+def test_editing_a_file_a_stage_imports_reruns_it_and_its_dependants(tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    stages = _code_package(code)
+    monkeypatch.syspath_prepend(str(code))
+    config = config_lib.PipelineConfig()
+
+    def run():
+        summary = Runner(config, str(tmp_path / "root"), stages=stages, log=lambda _: None,
+                         code_root=str(code)).run()
+        return _statuses(summary)
+
+    assert run() == {"A": "ran", "B": "ran", "C": "ran"}
+    assert run() == {"A": "cached", "B": "cached", "C": "cached"}
+    (code / "runner_codepkg" / "helper.py").write_text("SUFFIX = '!'\n")
+    assert run() == {"A": "cached", "B": "ran", "C": "ran"}
+
+
+def test_a_stage_reading_undeclared_config_fails(tmp_path, monkeypatch):
+    import tests.pipeline.fake_stages_b as mod_b
+
+    def sneaky(ctx):
+        return {"out": {"properties": {"beam": ctx.config.eval.beam_size}}}
+    monkeypatch.setattr(mod_b, "run", sneaky)
+    with pytest.raises(config_lib.UndeclaredConfigError, match=r"B read config section \[eval\]"):
+        _run(tmp_path)
+    failed = [x for x in inspect(str(tmp_path))["executions"] if x["state"] == "failed"]
+    assert [x["stage"] for x in failed] == ["B"]
+
+
+def test_key_level_declarations_cover_only_their_keys(tmp_path, monkeypatch):
+    import tests.pipeline.fake_stages_b as mod_b
+    seen = {}
+
+    def reads_one_key(ctx):
+        seen["batch"] = ctx.config.train.batch_size
+        with pytest.raises(config_lib.UndeclaredConfigError, match=r"train\.epochs"):
+            ctx.config.train.epochs  # noqa: B018
+        return fake_stages.run_b(ctx)
+    monkeypatch.setattr(mod_b, "run", reads_one_key)
+    stages = (fake_stages.STAGES[0],
+              dataclasses.replace(fake_stages.STAGES[1], config_sections=("train.batch_size",)),
+              fake_stages.STAGES[2])
+
+    def run(overrides=()):
+        config = config_lib.apply_overrides(config_lib.PipelineConfig(), overrides)
+        return _statuses(Runner(config, str(tmp_path), stages=stages, log=lambda _: None).run())
+
+    assert run() == {"A": "ran", "B": "ran", "C": "ran"} and seen["batch"] == 64
+    assert run(["train.epochs=99"]) == {"A": "cached", "B": "cached", "C": "cached"}
+    assert run(["train.batch_size=5"]) == {"A": "cached", "B": "ran", "C": "ran"}
+
+
+def test_every_declared_config_of_the_product_dag_exists():
+    from pipeline import dag
+    for spec in dag.STAGES:
+        assert config_lib.DeclaredConfig(config_lib.PipelineConfig(), spec.config_sections,
+                                         spec.name).to_dict()
+    with pytest.raises(config_lib.ConfigError, match="no key"):
+        config_lib.DeclaredConfig(config_lib.PipelineConfig(), ("train.nope",))
+
+
+def test_latest_pushed_evaluation_is_resolved_from_earlier_runs(tmp_path):
+    summaries = [_run(tmp_path, overrides, stages=None, dag_stages=fake_stages.PUSH_STAGES)
+                 for overrides in ((), (), ("train.batch_size=7",))]
+    first, again, changed = (s["stages"] for s in summaries)
+    # No push before the first run; the second run's model is the pushed one
+    # (not compared with itself): nothing to resolve, so C is cached.
+    assert first["C"]["status"] == "ran" and again["C"]["status"] == "cached"
+    baseline = Artifact.load(changed["C"]["outputs"]["out"]).properties["baseline"]
+    assert changed["C"]["status"] == "ran" and baseline == first["C"]["outputs"]["out"]
+    assert Artifact.load(first["C"]["outputs"]["out"]).properties["baseline"] is None
+    assert summaries[2]["pushed_version"] == changed["P"]["execution_id"]
+    lineage = [x for x in inspect(str(tmp_path))["executions"]
+               if x["stage"] == "C" and x["state"] == "complete"][0]
+    assert {e["name"] for e in lineage["inputs"]} == {"y", "baseline"}

@@ -39,7 +39,7 @@ import pytest
 
 from components import io_utils, pusher, schema
 from pipeline import dag
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.runner import inspect
 from tests.reliability.test_pipeline_faults import read_jsonl, record_ids
 from tests.serving.conftest import model_store  # noqa: F401  (the fixture SavedModels)

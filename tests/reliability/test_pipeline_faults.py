@@ -32,7 +32,7 @@ from PIL import Image
 from components import io_utils, schema
 from components.sources.synthetic import generate
 from pipeline import config as config_lib
-from pipeline.artifacts import Artifact
+from components.artifacts import Artifact
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 from tests.test_e2e import REPO, _captioner

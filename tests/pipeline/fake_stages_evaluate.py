@@ -1,0 +1,1 @@
+from tests.pipeline.fake_stages import run_evaluate as run  # noqa: F401
