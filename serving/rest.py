@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import unquote
 
@@ -62,8 +63,13 @@ _PREDICT = re.compile(r"(?i)^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:
 _STATUS = re.compile(r"(?i)^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?"
                      r"(?:/(metadata))?$")
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
-# Request line plus headers: beyond this, 414 (line) or 431 (headers).
-MAX_HEAD_BYTES = 64 * 1024
+# Limits on the request head (the request line and headers).
+MAX_TARGET_BYTES = 64 * 1024    # request target: beyond it, 414
+MAX_HEADER_BYTES = 64 * 1024    # one header line: beyond it, 431
+MAX_HEADERS = 100               # header lines: beyond it, 431
+# A head still incomplete at this size is refused (414 or 431) without
+# waiting for the rest.
+MAX_HEAD_BYTES = 256 * 1024
 IDLE_SECONDS = 60  # a keep-alive connection may stay idle this long
 
 
@@ -172,6 +178,27 @@ class _StrictH11Protocol(H11Protocol):
 
         self.conn.next_event = next_event_noting_errors
 
+    def handle_events(self) -> None:
+        try:
+            super().handle_events()
+        except UnicodeDecodeError:  # uvicorn decodes the target as ASCII
+            self._send_error(400, "Bad HTTP request: the request target is not ASCII")
+
+    def eof_received(self) -> Optional[bool]:
+        # A client may half-close once its request is sent (shutdown(SHUT_WR))
+        # and still read the answer: keep the transport open for it, and
+        # close once it is written (on_response_complete).
+        self._eof = True
+        if self.cycle is None or self.cycle.response_complete or self.cycle.more_body:
+            return None  # idle, or the body will never arrive: close now
+        return True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if (getattr(self, "_eof", False) and not self.transport.is_closing()
+                and (self.cycle is None or self.cycle.response_complete)):
+            self.transport.close()
+
     def send_400_response(self, msg: str) -> None:
         error = self._protocol_error
         status, reason = 400, str(error) if error is not None else msg
@@ -181,12 +208,16 @@ class _StrictH11Protocol(H11Protocol):
             status = 431 if line_done else 414
             reason = ("request headers too large" if line_done else "request line too long") + \
                 f" (limit {MAX_HEAD_BYTES} bytes)"
-        body = json.dumps({"error": f"Bad HTTP request: {reason}"}).encode()
+        self._send_error(status, f"Bad HTTP request: {reason}")
+
+
+    def _send_error(self, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
         try:
-            self.transport.write(self.conn.send(h11.Response(status_code=status,
-                                                             headers=headers)))
+            self.transport.write(self.conn.send(h11.Response(
+                status_code=status, headers=headers, reason=HTTPStatus(status).phrase)))
             self.transport.write(self.conn.send(h11.Data(data=body)))
             self.transport.write(self.conn.send(h11.EndOfMessage()))
         except h11.LocalProtocolError:  # h11 cannot frame an answer here: just close
@@ -214,6 +245,7 @@ class _RestApp:
         # "%2F" stays inside a name instead of becoming a path separator.
         path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
         try:
+            _check_head(scope)
             body = await self._read_body(scope["headers"], method, receive)
         except _HTTPError as e:  # the body may be unread: do not reuse the connection
             await _respond(send, e.status, _json({"error": e.message}), close=True)
@@ -353,6 +385,23 @@ class _RestApp:
         return _predictions(outputs) if row_format else _columns(outputs)
 
 
+
+
+def _check_head(scope) -> None:
+    """HTTP version and head size limits (505, 414, 431), as TF Serving's libevent sets."""
+    if scope.get("http_version") not in ("1.0", "1.1"):
+        raise _HTTPError(505, f"HTTP version {scope.get('http_version')} is not supported")
+    target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    if target > MAX_TARGET_BYTES:
+        raise _HTTPError(414, f"request target of {target} bytes exceeds the limit of "
+                              f"{MAX_TARGET_BYTES} bytes")
+    headers = scope["headers"]
+    if len(headers) > MAX_HEADERS:
+        raise _HTTPError(431, f"{len(headers)} header lines exceed the limit of {MAX_HEADERS}")
+    for name, value in headers:
+        if len(name) + len(value) + 2 > MAX_HEADER_BYTES:
+            raise _HTTPError(431, f"a header line exceeds the limit of {MAX_HEADER_BYTES} "
+                                  f"bytes")
 
 
 class _Disconnected(Exception):
