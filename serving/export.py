@@ -1,4 +1,4 @@
-"""SavedModel export for TensorFlow Serving (the serving contract of docs/DESIGN).
+"""SavedModel export for TensorFlow Serving (docs/ARCHITECTURE.md, "Serving contract").
 
 `serving_default`: `image_bytes` (tf.string `[batch]`, JPEG/PNG/BMP/GIF) ->
 `caption` (string), `tokens` (int32 `[batch, T]`), `lengths` (int32),

@@ -1,7 +1,7 @@
 """A small SavedModel with the captioner's serving contract, for serving tests.
 
 `build_fixture_model` writes a SavedModel whose signatures match the real
-export (docs: DESIGN.md, "Serving contract"):
+export (docs/ARCHITECTURE.md, "Serving contract"):
 
 - `serving_default`: `image_bytes` (tf.string `[batch]`) ->
   `caption` (string `[batch]`), `tokens` (int32 `[batch, T]`), `lengths`
