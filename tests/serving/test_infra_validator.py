@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import tensorflow as tf
 
 from serving.infra_validator import check_ops, graph_ops, validate
 from tests.serving.conftest import BLUE, RED
-from tests.serving.fixtures import build_fixture_model, solid_image, write_warmup_requests
+from tests.serving.fixtures import solid_image, write_warmup_requests
 
 
 class _PyFunctionCaptioner(tf.Module):
