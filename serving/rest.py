@@ -63,6 +63,7 @@ _PREDICT = re.compile(r"(?i)^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:
 _STATUS = re.compile(r"(?i)^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?"
                      r"(?:/(metadata))?$")
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+MAX_JSON_RANK = 64  # numpy's limit on dimensions; deeper JSON lists are the client's fault
 # Limits on the request head (the request line and headers).
 MAX_TARGET_BYTES = 64 * 1024    # request target: beyond it, 414
 MAX_HEADER_BYTES = 64 * 1024    # one header line: beyond it, 431
@@ -464,7 +465,11 @@ def _leaf(value: Any, dtype: tf.DType) -> Any:
     """One JSON scalar as a value of `dtype` (TF Serving's JSON typing rules)."""
     if dtype == tf.string:
         if isinstance(value, str):
-            return value.encode("utf-8")
+            try:
+                return value.encode("utf-8")
+            except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate
+                raise invalid_argument(f"JSON Value: {json.dumps(value)[:100]} is not valid "
+                                       f"Unicode (unpaired surrogate)") from None
         if _is_b64(value):
             try:
                 return base64.b64decode(value["b64"], validate=True)
@@ -479,8 +484,14 @@ def _leaf(value: Any, dtype: tf.DType) -> Any:
                 raise invalid_argument(f"JSON Value: {value} is out of range for {dtype.name}")
             return value
     elif dtype.is_floating:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, float):
             return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:  # an integer literal like 10**400
+                raise invalid_argument(f"JSON Value: {str(value)[:40]}... is out of range for "
+                                       f"{dtype.name}") from None
     else:
         raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
                            f"Conversion of JSON Value to type: {dtype.name}")
@@ -495,6 +506,9 @@ def _json_tensor(value: Any, dtype: tf.DType) -> np.ndarray:
     probe = value
     while isinstance(probe, list):
         shape.append(len(probe))
+        if len(shape) > MAX_JSON_RANK:
+            raise invalid_argument(f"JSON value nested more than {MAX_JSON_RANK} lists deep: "
+                                   f"a tensor may have at most {MAX_JSON_RANK} dimensions")
         if not probe:
             break
         probe = probe[0]
