@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, solid_image
-from tests.serving.conftest import RED
 
 PREDICT = "/v1/models/captioner:predict"
 STATUS = "GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -44,7 +44,7 @@ def exchange(port: int, raw: bytes, half_close: bool = True, timeout: float = 30
 
 
 @pytest.fixture
-def rest_port(make_base, start_server):
+def rest_port(make_base, start_server):  # noqa: F811
     return start_server(make_base({1: "image"})).rest_port
 
 
