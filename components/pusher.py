@@ -13,10 +13,10 @@ loader, warmup requests by tensor name, only stock TensorFlow ops, no
 Python callbacks); a version that fails is not published and the Pusher
 reports why. Each version records what it was exported from, and the
 validation report (ops used, TensorFlow version that wrote it), in
-`assets.extra/captioner_push.json`, which TF Serving ignores. When the newest version already holds the same
-model, vocabulary and export settings (a Pusher killed after publishing it,
-before the runner published its artifact), a re-run reuses it instead of
-pushing a duplicate version.
+`assets.extra/captioner_push.json`, which TF Serving ignores. When the
+newest version already holds the same model, vocabulary and export settings
+(a Pusher killed after publishing it, before the runner published its
+artifact), a re-run reuses it instead of pushing a duplicate version.
 """
 from __future__ import annotations
 

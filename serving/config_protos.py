@@ -1,4 +1,4 @@
-"""TF Serving's MonitoringConfig and SSLConfig messages, which `tensorflow-serving-api` does not ship.
+"""TF Serving's MonitoringConfig and SSLConfig, which `tensorflow-serving-api` does not ship.
 
 The two messages are declared here field for field as in
 `tensorflow_serving/config/monitoring_config.proto` and `ssl_config.proto`
