@@ -539,7 +539,10 @@ def _json_tensor(value: Any, dtype: tf.DType) -> np.ndarray:
         array = np.empty(len(flat), dtype=object)
         array[:] = flat
         return array.reshape(shape)
-    return np.asarray(flat, dtype=dtype.as_numpy_dtype).reshape(shape)
+    # A finite double beyond float32's range becomes inf, as in TF Serving
+    # (rapidjson's GetFloat); only values beyond a double's are refused (_leaf).
+    with np.errstate(over="ignore"):
+        return np.asarray(flat, dtype=dtype.as_numpy_dtype).reshape(shape)
 
 
 def _inputs_from_instances(instances: Any, specs: Dict[str, tf.TensorSpec]
