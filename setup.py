@@ -20,6 +20,11 @@ setup(
         # Beam's WriteToTFRecord needs a CRC32C implementation.
         "google-crc32c>=1.5",
         "grpcio-health-checking",
+        # REST: a production ASGI server and its strict HTTP/1.1 parser.
+        "uvicorn>=0.30",
+        "h11>=0.16",
+        # Prometheus text exposition of TF Serving's metrics.
+        "prometheus-client>=0.20",
         "grpcio-reflection",
         "pycocoevalcap>=1.2",
         "matplotlib>=3.7",

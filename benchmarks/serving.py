@@ -12,7 +12,10 @@ concurrency 1 as the ratio of the server's p50 latency to the p50 of calling
 the same SavedModel signature in process (`tf.saved_model.load`, one image,
 outputs fetched to numpy), the two alternating call by call (see `overhead`).
 The absolute overhead (`overhead_ms`, about 1.5-2 ms here) is what the
-server adds; the ratio depends on how costly the model is.
+server adds; the ratio depends on how costly the model is. The REST API's
+overhead (`rest_overhead`: one keep-alive connection posting
+`{"instances": [{"b64": ...}]}`) is measured the same way;
+`--overhead-only` measures only these two (about 1 min).
 
 Without `--model-base-path` the model is the test fixture
 (`tests/serving/fixtures.py`) with a decoder-sized workload (`--decoder-units`
@@ -123,23 +126,69 @@ def overhead(local_call, address: str, model_name: str, image: bytes,
             "pairs": len(served)}
 
 
+def rest_overhead(local_call, rest_url: str, model_name: str, image: bytes,
+                  seconds: float) -> Dict[str, float]:
+    """REST vs in-process latency at concurrency 1, alternating like `overhead`.
+
+    One keep-alive HTTP/1.1 connection posts `{"instances": [{"b64": ...}]}`
+    to `:predict`; the time includes JSON encoding and decoding on both ends.
+    """
+    import base64
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(rest_url)
+    body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}]}).encode()
+    path = f"/v1/models/{model_name}:predict"
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+
+    def remote_call():
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"REST predict failed: {response.status} {payload[:200]!r}")
+        return json.loads(payload)
+
+    local, served = [], []
+    try:
+        warm_until = time.monotonic() + 2.0
+        while time.monotonic() < warm_until:
+            remote_call()
+            local_call()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline or len(served) < 20:
+            for call, out in ((local_call, local), (remote_call, served)):
+                start = time.perf_counter()
+                call()
+                out.append(time.perf_counter() - start)
+    finally:
+        connection.close()
+    return {"in_process_p50_ms": 1e3 * percentile(local, 50),
+            "rest_p50_ms": 1e3 * percentile(served, 50),
+            "rest_p99_ms": 1e3 * percentile(served, 99),
+            "overhead_ms": 1e3 * (percentile(served, 50) - percentile(local, 50)),
+            "ratio": percentile(served, 50) / percentile(local, 50),
+            "pairs": len(served)}
+
+
 class ServerProcess:
     """`python -m serving.server` on free loopback ports, stopped with SIGTERM."""
 
     def __init__(self, base: str, model_name: str, batching: Optional[Dict[str, int]]):
         command = [sys.executable, "-m", "serving.server", "--model-base-path", base,
-                   "--model-name", model_name, "--port", "0", "--rest-port", "-1",
+                   "--model-name", model_name, "--port", "0", "--rest-port", "0",
                    "--poll-seconds", "30", "--log-level", "WARNING"]
         if batching:
             command += ["--enable-batching"] + [
                 f"--{k.replace('_', '-')}={v}" for k, v in batching.items()]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True)
-        self.address = None
+        self.address = self.rest_url = None
         for line in self.process.stdout:
-            match = re.match(r"serving: grpc=(\S+) ", line)
+            match = re.match(r"serving: grpc=(\S+) rest=(\S+)", line)
             if match:
-                self.address = match.group(1)
+                self.address, self.rest_url = match.group(1), "http://" + match.group(2)
                 break
         if self.address is None:
             raise SystemExit(f"server did not start (exit {self.process.wait()})")
@@ -208,6 +257,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--batch-timeout-micros", type=int, default=2000)
     p.add_argument("--num-batch-threads", type=int, default=2)
+    p.add_argument("--overhead-only", action="store_true",
+                   help="only the gRPC and REST overhead at concurrency 1 (no load levels)")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -230,7 +281,7 @@ def main(argv=None) -> int:
                 "batch_timeout_micros": args.batch_timeout_micros,
                 "num_batch_threads": args.num_batch_threads}
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    cost = None
+    cost = rest_cost = None
     for mode, params in (("no_batching", None), ("batching", batching)):
         server = ServerProcess(base, args.model_name, params)
         try:
@@ -240,6 +291,13 @@ def main(argv=None) -> int:
                 log(f"overhead at c=1: in process p50 {cost['in_process_p50_ms']:.2f} ms, "
                     f"served p50 {cost['served_p50_ms']:.2f} ms, +{cost['overhead_ms']:.2f} ms, "
                     f"ratio {cost['ratio']:.3f}")
+                rest_cost = rest_overhead(local_call, server.rest_url, args.model_name, image,
+                                          2 * args.seconds)
+                log(f"REST overhead at c=1: in process p50 {rest_cost['in_process_p50_ms']:.2f} "
+                    f"ms, REST p50 {rest_cost['rest_p50_ms']:.2f} ms, "
+                    f"+{rest_cost['overhead_ms']:.2f} ms, ratio {rest_cost['ratio']:.3f}")
+                if args.overhead_only:
+                    break
             results[mode] = {}
             for c in levels:
                 r = load(server.address, args.model_name, image, c, args.seconds, args.warmup)
@@ -251,11 +309,18 @@ def main(argv=None) -> int:
     if tmp is not None:
         tmp.cleanup()
 
+    rest_summary = {k: round(v, 3) for k, v in rest_cost.items()}
+    if args.overhead_only:
+        print(json.dumps({"benchmark": "serving-overhead", "model": model, "cpus": os.cpu_count(),
+                          "overhead": {k: round(v, 3) for k, v in cost.items()},
+                          "rest_overhead": rest_summary}), flush=True)
+        return 0
     top = max(levels)
     speedup = results["batching"][f"c{top}"]["rps"] / results["no_batching"][f"c{top}"]["rps"]
     summary = {"benchmark": "serving", "model": model, "image_bytes": len(image),
                "cpus": os.cpu_count(),
                "overhead": {k: round(v, 3) for k, v in cost.items()},
+               "rest_overhead": rest_summary,
                "results": {m: {c: {k: round(v, 3) for k, v in r.items()} for c, r in by.items()}
                            for m, by in results.items()},
                f"batching_speedup_c{top}": round(speedup, 3),

@@ -163,7 +163,11 @@ class PushConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """Defaults for `captioner serve`."""
+    """`captioner serve --config NAME` settings (each becomes the flag of that name).
+
+    The defaults equal the server's own (`serving/flags.py`), which apply
+    when no `--config` is given; flags on the command line override these.
+    """
     host: str = "127.0.0.1"            # bind address (loopback unless told otherwise)
     port: int = 8500                   # gRPC port
     rest_port: int = 8501              # REST port

@@ -11,11 +11,16 @@ The exported graph decodes exactly as the Evaluator measured and blessed:
 beam size, maximum length and length normalization come from the
 Evaluation artifact's `decoding` property, not from a second set of keys.
 
-Each version records what it was exported from (`assets.extra/captioner_push.json`,
-which TF Serving ignores). When the newest version already holds the same
-model, vocabulary and export settings (a Pusher killed after publishing it,
-before the runner published its artifact), a re-run reuses it instead of
-pushing a duplicate version.
+Before a version is published, `serving.infra_validator` checks in a
+separate process that TF Serving could load and run it (session-based
+loader, warmup requests by tensor name, only stock TensorFlow ops, no
+Python callbacks); a version that fails is not published and the Pusher
+reports why. Each version records what it was exported from, and the
+validation report (ops used, TensorFlow version that wrote it), in
+`assets.extra/captioner_push.json`, which TF Serving ignores. When the
+newest version already holds the same model, vocabulary and export settings
+(a Pusher killed after publishing it, before the runner published its
+artifact), a re-run reuses it instead of pushing a duplicate version.
 """
 from __future__ import annotations
 
@@ -167,6 +172,11 @@ def _export(ctx, path: str, record: dict) -> None:
     vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
     export_saved_model(path, encoder, decoder, vocabulary, **record["export"]["decoding"],
                        model_name=cfg.model_name, num_warmup_requests=cfg.num_warmup_requests)
+    from serving.infra_validator import InfraValidationError, validate
+    report = validate(path)
+    if not report["ok"]:
+        raise InfraValidationError(report["reason"])
+    record = dict(record, infra_validation=report)
     os.makedirs(os.path.dirname(os.path.join(path, PUSH_RECORD)), exist_ok=True)
     with open(os.path.join(path, PUSH_RECORD), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=2, sort_keys=True)
@@ -192,14 +202,24 @@ def run(ctx) -> dict:
                          "num_warmup_requests": cfg.num_warmup_requests}}
     start = time.time()
     newest = existing_versions(model_dir)[-1:]
-    if newest and pushed_from(os.path.join(model_dir, str(newest[0]))) == record:
+    previous = pushed_from(os.path.join(model_dir, str(newest[0]))) if newest else None
+    if previous is not None and dict(previous, infra_validation=None) == dict(
+            record, infra_validation=None):
         version, path = newest[0], os.path.join(model_dir, str(newest[0]))
         remove_leftovers(model_dir)
         log(f"[Pusher] version {version} already holds this model (pushed by an interrupted "
             "run): not pushing it again")
     else:
-        version, path = publish_version(model_dir, lambda tmp: _export(ctx, tmp, record),
-                                        cfg.keep_versions)
+        from serving.infra_validator import InfraValidationError
+        try:
+            version, path = publish_version(model_dir, lambda tmp: _export(ctx, tmp, record),
+                                            cfg.keep_versions)
+        except InfraValidationError as e:
+            remove_leftovers(model_dir)
+            reasons = [f"infra validation: TF Serving could not serve this model: {e}"]
+            log("[Pusher] NOT pushed: " + reasons[0])
+            return {"pushed_model": {"counts": {"pushed": 0},
+                                     "properties": {"pushed": False, "reasons": reasons}}}
     names = sorted(e for e in os.listdir(serving_dir)
                    if os.path.isdir(os.path.join(serving_dir, e)) and not e.startswith("."))
     _atomic_write(os.path.join(serving_dir, MODELS_CONFIG), models_config_text(serving_dir, names))

@@ -93,6 +93,46 @@ def config_reference_markdown() -> str:
     return "\n".join(lines)
 
 
+# ServeConfig field -> `captioner serve` flag.
+SERVE_FLAGS = {"host": "--host", "port": "--port", "rest_port": "--rest-port",
+               "poll_seconds": "--poll-seconds", "max_request_bytes": "--max-request-bytes",
+               "max_image_pixels": "--max-image-pixels"}
+
+
+def serve_argv(argv: list[str]) -> list[str]:
+    """`captioner serve` arguments with `--config NAME` / `--set K=V` turned into flags.
+
+    The config's `serve` section becomes flags placed before the user's own,
+    so flags given on the command line win. Without `--config` the line is
+    returned as it is (the server's defaults equal `ServeConfig`'s).
+    """
+    name, overrides, rest = None, [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        key, has_value, value = arg.partition("=")
+        if key in ("--config", "--set"):
+            if not has_value:
+                if i + 1 >= len(argv):
+                    raise config_lib.ConfigError(f"{key} needs a value")
+                value = argv[i + 1]
+                i += 1
+            if key == "--config":
+                name = value
+            else:
+                overrides.append(value)
+        else:
+            rest.append(arg)
+        i += 1
+    if name is None and not overrides:
+        return rest
+    serve = config_lib.load_config(name or "demo", overrides).serve
+    prefix = []
+    for field, flag in SERVE_FLAGS.items():
+        prefix += [flag, str(getattr(serve, field))]
+    return prefix + rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="captioner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,7 +175,14 @@ def main(argv=None) -> int:
         import importlib
         module, func = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
                         "demo": "pipeline.demo:main"}[argv[0]].split(":")
-        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+        rest = argv[1:]
+        if argv[0] == "serve":
+            try:
+                rest = serve_argv(rest)
+            except config_lib.ConfigError as e:
+                print(f"captioner: config error: {e}", file=sys.stderr)
+                return 2
+        return int(getattr(importlib.import_module(module), func)(rest) or 0)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -52,11 +52,14 @@ class BatchScheduler:
         arrays whose dimension 0 is the batch; raises `ServingError`.
       params: the batching parameters.
       name: for thread names and logs.
+      observer: `observer(name, queued_micros)` after each batch runs, with
+        how long each of its requests waited in the queue (metrics), or None.
     """
 
     def __init__(self, run: Callable[[Arrays], Arrays], params: BatchingParameters,
-                 name: str = "batch"):
+                 name: str = "batch", observer: Optional[Callable] = None):
         self._run = run
+        self._observer = observer
         self.params = params
         self.name = name
         self._tasks: collections.deque = collections.deque()
@@ -156,6 +159,9 @@ class BatchScheduler:
                 parts.append(np.repeat(parts[-1][-1:], padded - rows, axis=0))
             merged[name] = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
         self.batch_sizes[rows] += 1
+        if self._observer is not None:
+            now = time.monotonic()
+            self._observer(self.name, [1e6 * (now - t.enqueued) for t in batch])
         try:
             outputs = self._run(merged)
         except ServingError as e:

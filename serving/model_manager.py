@@ -11,7 +11,13 @@ hold a reference to the `Servable` they started on, so an unloaded version
 finishes its in-flight requests before Python frees it.
 
 Models come from one `--model_base_path` or from a `models.config` file
-(`ModelServerConfig` text format), which is re-read when it changes.
+(`ModelServerConfig` text format), which is re-read when it changes (every
+`config_poll_seconds`), or from `ModelService.HandleReloadConfigRequest`
+(`reload`). A new config is checked whole before anything changes (TF
+Serving's rules: a version label may only point at a version that is
+loaded, unless labels for unavailable models are allowed, and then only a
+label that does not exist yet); models it adds are loaded before `reload`
+returns; models it drops are unloaded once their in-flight requests finish.
 Request model names are only ever looked up in the loaded table: no request
 field reaches the file system.
 """
@@ -31,7 +37,7 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.batching_parameters import BatchingParameters
-from serving.errors import ServingError, invalid_argument, not_found
+from serving.errors import ServingError, failed_precondition, invalid_argument, not_found
 from serving.servable import Servable
 
 log = logging.getLogger(__name__)
@@ -137,6 +143,22 @@ def read_model_config(path: str) -> List[ModelSource]:
         text_format.Parse(text, config)
     except text_format.ParseError as e:
         raise ValueError(f"{path}: {e}") from None
+    return sources_from_config(config, path, os.path.dirname(os.path.abspath(path)))
+
+
+def sources_from_config(config: model_server_config_pb2.ModelServerConfig, path: str = "config",
+                        base_dir: Optional[str] = None) -> List[ModelSource]:
+    """The models a `ModelServerConfig` lists.
+
+    Args:
+      config: the parsed config.
+      path: names the config in error messages.
+      base_dir: relative base paths are taken relative to it (default: the
+        working directory).
+    Raises:
+      ValueError: as `read_model_config`.
+    """
+    base_dir = base_dir or os.getcwd()
     if config.WhichOneof("config") == "custom_model_config":
         raise ValueError(f"{path}: custom_model_config is not supported")
     sources, seen = [], set()
@@ -153,7 +175,7 @@ def read_model_config(path: str) -> List[ModelSource]:
         seen.add(entry.name)
         base = entry.base_path
         if "://" not in base and not os.path.isabs(base):
-            base = os.path.join(os.path.dirname(os.path.abspath(path)), base)
+            base = os.path.join(base_dir, base)
         policy = (VersionPolicy.from_proto(entry.model_version_policy)
                   if entry.HasField("model_version_policy") else VersionPolicy())
         sources.append(ModelSource(entry.name, base, policy, dict(entry.version_labels)))
@@ -167,22 +189,36 @@ class ModelManager:
       sources: the models to serve (with no `config_file`).
       config_file: a `models.config` to read the models from, re-read when
         its modification time changes.
-      poll_seconds: seconds between polls; <= 0 polls once, at start.
+      poll_seconds: seconds between polls of the base paths; <= 0 polls once,
+        at start.
+      config_poll_seconds: seconds between checks of `config_file` (TF
+        Serving's `--model_config_file_poll_wait_seconds`); <= 0 reads it
+        once; None checks it at every poll of the base paths.
+      max_load_retries: attempts after a version's first failed load
+        (TF Serving's `--max_num_load_retries`).
       max_image_pixels: passed to every `Servable`.
       batching: batching parameters for every `Servable`, or None.
       warmup: `warmup(request, servable)` that replays one warmup
         PredictRequest; None skips warmup.
       on_change: called with no argument after each poll that changed the table.
+      batch_observer: passed to every `Servable` (batching metrics).
     """
 
     def __init__(self, sources: Optional[List[ModelSource]] = None,
                  config_file: Optional[str] = None, poll_seconds: float = 1.0,
                  max_image_pixels: int = 0, batching: Optional[BatchingParameters] = None,
-                 warmup: Optional[Callable] = None, on_change: Optional[Callable] = None):
+                 warmup: Optional[Callable] = None, on_change: Optional[Callable] = None,
+                 config_poll_seconds: Optional[float] = None,
+                 max_load_retries: int = MAX_LOAD_RETRIES,
+                 batch_observer: Optional[Callable] = None):
         if bool(sources) == bool(config_file):
             raise ValueError("give either model sources or a model config file")
         self.config_file = config_file
         self.poll_seconds = poll_seconds
+        self.config_poll_seconds = config_poll_seconds
+        self.max_load_retries = max_load_retries
+        self.batch_observer = batch_observer
+        self._next_config_check = 0.0
         self.max_image_pixels = max_image_pixels
         self.batching = batching
         self._warmup = warmup
@@ -327,17 +363,69 @@ class ModelManager:
     def _reload_config(self) -> bool:
         if not self.config_file:
             return False
+        if self.config_poll_seconds is not None:
+            now = time.monotonic()
+            if self.config_poll_seconds <= 0 or now < self._next_config_check:
+                return False
+            self._next_config_check = now + self.config_poll_seconds
         mtime = _mtime(self.config_file)
         if mtime is None or mtime == self._config_mtime:
             return False
         try:
             sources = read_model_config(self.config_file)
+            self._check_labels(sources, allow_unavailable=False)
         except Exception as e:  # keep serving the old config
             log.error("cannot reload %s, keeping the current models: %s", self.config_file, e)
             self._config_mtime = mtime
             return False
         self._config_mtime = mtime
         log.info("reloaded %s: models %s", self.config_file, [s.name for s in sources])
+        return self._apply_sources(sources)
+
+    def reload(self, sources: List[ModelSource],
+               allow_version_labels_for_unavailable_models: bool = False) -> None:
+        """Applies a new list of models (HandleReloadConfigRequest), TF Serving's way.
+
+        The whole config is checked first; on any error nothing changes.
+        Models are added, removed, or get their new version policy and
+        labels; versions the new config adds are loaded (and warmed up)
+        before this returns. Requests in progress finish on the versions
+        they started on.
+
+        Args:
+          sources: the new models.
+          allow_version_labels_for_unavailable_models: a label may then point
+            at a version that is not loaded, if the label is new (or keeps
+            its version); an existing label can only move to a loaded one.
+        Raises:
+          ServingError: FAILED_PRECONDITION for a label on a version that is
+            not available.
+        """
+        with self._poll_lock:
+            self._check_labels(sources, allow_version_labels_for_unavailable_models)
+            changed = self._apply_sources(sources)
+            log.info("config reloaded: models %s", [s.name for s in sources])
+            for source in list(self._sources.values()):
+                changed |= self._sync(source)
+        if changed and self._on_change is not None:
+            self._on_change()
+
+    def _check_labels(self, sources: List[ModelSource], allow_unavailable: bool) -> None:
+        """FAILED_PRECONDITION unless every label may point where `sources` say."""
+        with self._lock:
+            for source in sources:
+                current = self._sources.get(source.name)
+                available = self._servables.get(source.name) or {}
+                for label, version in sorted(source.labels.items()):
+                    existing = current.labels.get(label) if current is not None else None
+                    allowed = allow_unavailable and (existing is None or existing == version)
+                    if not allowed and version not in available:
+                        raise failed_precondition(
+                            f"Request to assign label to version {version} of model "
+                            f"{source.name}, which is not currently available for inference")
+
+    def _apply_sources(self, sources: List[ModelSource]) -> bool:
+        """Swaps in a new model list; unloads the models it drops."""
         removed = []
         with self._lock:
             names = {s.name for s in sources}
@@ -388,7 +476,7 @@ class ModelManager:
             stamp = _mtime(os.path.join(path, "saved_model.pb"))
             failed = self._failed.get((name, version))
             if failed is not None and failed[0] == stamp and (
-                    failed[1] >= MAX_LOAD_RETRIES or time.monotonic() < failed[2]):
+                    failed[1] > self.max_load_retries or time.monotonic() < failed[2]):
                 continue  # failed and unchanged: retry a few times, spaced out, then stop
             servable = self._load(source, version, path, stamp)
             if servable is None:
@@ -423,7 +511,8 @@ class ModelManager:
         self._set_state(name, version, VersionStatus("LOADING"))
         started = time.monotonic()
         try:
-            servable = Servable(name, version, path, self.max_image_pixels, self.batching)
+            servable = Servable(name, version, path, self.max_image_pixels, self.batching,
+                                batch_observer=self.batch_observer)
             if self._warmup is not None:
                 servable.warmup(self._warmup)
         except Exception as e:

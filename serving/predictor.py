@@ -7,6 +7,7 @@ headers, then the run itself, whose TensorFlow errors keep their code.
 """
 from __future__ import annotations
 
+import time
 from typing import Dict, Iterable, List, Optional
 
 import numpy as np
@@ -31,12 +32,14 @@ class Predictor:
       manager: the model table.
       max_tensor_elements: request tensors whose shape has more elements are
         refused (INVALID_ARGUMENT) before anything is allocated; None: no limit.
+      metrics: a `ServingMetrics` that gets each model run's time, or None.
     """
 
     def __init__(self, manager: Optional[ModelManager] = None,
-                 max_tensor_elements: Optional[int] = None):
+                 max_tensor_elements: Optional[int] = None, metrics=None):
         self.manager = manager
         self.max_tensor_elements = max_tensor_elements
+        self.metrics = metrics
 
     def resolve(self, spec: model_pb2.ModelSpec) -> Servable:
         """The servable a ModelSpec names (NOT_FOUND / INVALID_ARGUMENT)."""
@@ -84,9 +87,12 @@ class Predictor:
                 raise invalid_argument(f"tensor parsing error: {alias} ({e})") from None
         return arrays
 
-    @staticmethod
-    def run(servable: Servable, signature: Signature, inputs: Arrays) -> Arrays:
-        """Checks shapes and images, then runs (batched when configured)."""
+    def run(self, servable: Servable, signature: Signature, inputs: Arrays) -> Arrays:
+        """Checks shapes and images, then runs (batched when configured).
+
+        The run's wall time (batch queueing included) goes to the runtime
+        latency metric.
+        """
         servable.check_inputs(signature, inputs)
         # An empty batch is a client bug (REST's `"instances": []` is refused
         # too); TF Serving's gRPC API would run the model on zero rows.
@@ -94,7 +100,12 @@ class Predictor:
             if array.ndim >= 1 and array.shape[0] == 0:
                 raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
                                        f"(shape {list(array.shape)}); send at least one")
-        return servable.run(signature, inputs)
+        started = time.perf_counter()
+        outputs = servable.run(signature, inputs)
+        if self.metrics is not None:
+            self.metrics.record_runtime(servable.name, "Predict",
+                                        1e6 * (time.perf_counter() - started))
+        return outputs
 
     # -- metadata and status -------------------------------------------------
 

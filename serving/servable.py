@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -50,15 +50,19 @@ class Servable:
       path: the version folder (`<base_path>/<version>`).
       max_image_pixels: limit on decoded pixels of any image input (0: none).
       batching: when given, concurrent runs of a signature are batched.
+      batch_observer: `observer(name, queued_micros)` called after each
+        batch runs (see `BatchScheduler`), or None.
     """
 
     def __init__(self, name: str, version: int, path: str, max_image_pixels: int = 0,
-                 batching: Optional[BatchingParameters] = None):
+                 batching: Optional[BatchingParameters] = None,
+                 batch_observer: Optional[Callable] = None):
         self.name = name
         self.version = version
         self.path = path
         self.max_image_pixels = max_image_pixels
         self.batching = batching
+        self.batch_observer = batch_observer
         self.warmup_requests = 0
         self._batchers: Dict[str, BatchScheduler] = {}
         self._lock = threading.Lock()
@@ -160,7 +164,8 @@ class Servable:
             if batcher is None:
                 batcher = BatchScheduler(
                     lambda arrays, s=signature: self.call(s, arrays), self.batching,
-                    name=f"batch-{self.name}-v{self.version}-{signature.name}")
+                    name=f"batch-{self.name}-v{self.version}-{signature.name}",
+                    observer=self.batch_observer)
                 self._batchers[signature.name] = batcher
             return batcher
 

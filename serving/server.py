@@ -8,43 +8,49 @@ TF Serving works unchanged against it:
 
 - gRPC `tensorflow.serving.PredictionService`: Predict, GetModelMetadata
   (Classify, Regress, MultiInference: UNIMPLEMENTED);
-  `tensorflow.serving.ModelService`: GetModelStatus
-  (HandleReloadConfigRequest: UNIMPLEMENTED); plus standard health checking
+  `tensorflow.serving.ModelService`: GetModelStatus and
+  HandleReloadConfigRequest; plus standard health checking
   (`grpc.health.v1.Health`) and server reflection;
-- REST on a second port (`serving/rest.py`);
+- REST on a second port (`serving/rest.py`), with TF Serving's Prometheus
+  metrics there when asked for (`serving/metrics.py`);
 - version watching, warmup and availability-preserving swaps
   (`serving/model_manager.py`), optional dynamic batching
   (`serving/batch_scheduler.py`), image pixel limits checked from headers
   (`serving/image_headers.py`), TLS on both ports.
 
-Command line (`captioner serve` calls `main`):
+Command line (`captioner serve` calls `main`; flags in `serving/flags.py`,
+tensorflow_model_server's included):
 
     captioner serve --model-base-path /srv/serving/captioner --port 8500 --rest-port 8501
-    captioner serve --model-config-file /srv/serving/models.config \
-        --batching-parameters-file /srv/serving/batching_parameters.txt
+    captioner serve --port=8500 --rest_api_port=8501 \
+        --model_config_file=/srv/serving/models.config --enable_batching \
+        --batching_parameters_file=/srv/serving/batching_parameters.txt
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import logging
 import signal
-import ssl
 import sys
 import threading
+import time
 from concurrent import futures
 from typing import Optional, Sequence, Union
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tensorflow_serving.apis import (model_service_pb2, model_service_pb2_grpc,
-                                     prediction_service_pb2, prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (model_management_pb2, model_service_pb2,
+                                     model_service_pb2_grpc, prediction_service_pb2,
+                                     prediction_service_pb2_grpc)
 
-from pipeline.config import ServeConfig
+from serving import flags
 from serving.batching_parameters import BatchingParameters
-from serving.errors import ServingError
-from serving.model_manager import ModelManager, ModelSource, VersionPolicy
+from serving.errors import ServingError, invalid_argument
+from serving.flags import DEFAULTS as _DEFAULTS
+from serving.flags import build_parser  # noqa: F401  (the `captioner serve` parser)
+from serving.flags import batching_from_args as _batching_from_args  # noqa: F401
+from serving.metrics import ServingMetrics
+from serving.model_manager import ModelManager, ModelSource, VersionPolicy, sources_from_config
 from serving.predictor import Predictor
 from serving.rest import RestServer
 
@@ -53,7 +59,6 @@ log = logging.getLogger(__name__)
 PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name[
     "PredictionService"].full_name
 MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
-_DEFAULTS = ServeConfig()
 
 
 # Status details travel percent-encoded in the trailers, and gRPC clients
@@ -75,51 +80,79 @@ def _details(message: str) -> str:
     return message
 
 
-def _handle(context: grpc.ServicerContext, fn, request):
-    """Runs one RPC; every failure becomes a status code, never a crash."""
+def _handle(context: grpc.ServicerContext, fn, request, metrics: Optional[ServingMetrics] = None,
+            api: str = ""):
+    """Runs one RPC; every failure becomes a status code, never a crash.
+
+    With `metrics`, the request is counted as TF Serving counts its
+    PredictionService calls (model name, status; latency when OK).
+    """
+    started = time.perf_counter()
+    code = grpc.StatusCode.OK
     try:
         return fn(request)
     except ServingError as e:
+        code = e.code
         context.abort(e.code, _details(e.message))
     except Exception as e:
+        code = grpc.StatusCode.INTERNAL
         log.exception("unexpected error")
         context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(e).__name__}: {e}"))
+    finally:
+        if metrics is not None:
+            metrics.record_request(request.model_spec.name, code.name, api, "GRPC",
+                                   1e6 * (time.perf_counter() - started))
 
 
-def _unimplemented(context: grpc.ServicerContext, what: str):
-    context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this server")
+def _unimplemented(what: str):
+    def fail(request):
+        raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this "
+                                                          f"server")
+    return fail
 
 
 class _PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, predictor: Predictor):
+    def __init__(self, predictor: Predictor, metrics: Optional[ServingMetrics]):
         self.predictor = predictor
+        self.metrics = metrics
 
     def Predict(self, request, context):
-        return _handle(context, self.predictor.predict, request)
+        return _handle(context, self.predictor.predict, request, self.metrics, "Predict")
 
     def GetModelMetadata(self, request, context):
         return _handle(context, self.predictor.metadata, request)
 
     def Classify(self, request, context):
-        _unimplemented(context, "Classify")
+        return _handle(context, _unimplemented("Classify"), request, self.metrics, "Classify")
 
     def Regress(self, request, context):
-        _unimplemented(context, "Regress")
+        return _handle(context, _unimplemented("Regress"), request, self.metrics, "Regress")
 
     def MultiInference(self, request, context):
-        _unimplemented(context, "MultiInference")
+        _handle(context, _unimplemented("MultiInference"), request)
 
 
 class _ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, predictor: Predictor):
-        self.predictor = predictor
+    def __init__(self, server: "ModelServer"):
+        self.server = server
 
     def GetModelStatus(self, request, context):
-        return _handle(context, self.predictor.model_status, request)
+        return _handle(context, self.server.predictor.model_status, request)
 
     def HandleReloadConfigRequest(self, request, context):
-        _unimplemented(context, "HandleReloadConfigRequest (edit models.config instead: it "
-                                "is re-read on change)")
+        response = model_management_pb2.ReloadConfigResponse()
+        try:
+            self.server.reload_config(request.config)
+        except ServingError as e:
+            response.status.error_code = e.code.value[0]
+            response.status.error_message = e.message
+            context.set_code(e.code)
+            context.set_details(_details(e.message))
+            return response
+        except Exception as e:
+            log.exception("config reload failed")
+            context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(e).__name__}: {e}"))
+        return response
 
 
 class ModelServer:
@@ -144,6 +177,19 @@ class ModelServer:
       max_image_pixels: images whose header claims more pixels are refused
         (INVALID_ARGUMENT) before decoding; 0 disables the check.
       max_threads: gRPC worker threads (concurrent requests in progress).
+      config_poll_seconds: seconds between re-reads of `model_config_file`;
+        <= 0: read once; None: at every file-system poll.
+      rest_threads: REST requests handled at once (None: 4 per CPU).
+      metrics_path: when set, TF Serving's Prometheus metrics are served at
+        this path of the REST port.
+      warmup: replay each version's warmup records before serving it.
+      allow_version_labels_for_unavailable_models: TF Serving's flag of that
+        name, for HandleReloadConfigRequest.
+      max_load_retries: load attempts after a version's first failure.
+      ssl_config: a TF Serving `SSLConfig` (serving/config_protos.py): TLS
+        on the gRPC port from PEM text, client certificates checked against
+        `custom_ca` when `client_verify`; REST stays plain, as in TF Serving.
+      health_service: register `grpc.health.v1.Health`.
     """
 
     def __init__(self, model_base_path: Optional[str] = None, model_name: str = "captioner", *,
@@ -154,11 +200,21 @@ class ModelServer:
                  batching: Optional[BatchingParameters] = None,
                  ssl_cert: Optional[str] = None, ssl_key: Optional[str] = None,
                  max_request_bytes: int = _DEFAULTS.max_request_bytes,
-                 max_image_pixels: int = _DEFAULTS.max_image_pixels, max_threads: int = 64):
+                 max_image_pixels: int = _DEFAULTS.max_image_pixels,
+                 max_threads: int = _DEFAULTS.max_threads,
+                 config_poll_seconds: Optional[float] = None, rest_threads: Optional[int] = None,
+                 metrics_path: Optional[str] = None, warmup: bool = True,
+                 allow_version_labels_for_unavailable_models: bool = False,
+                 max_load_retries: int = _DEFAULTS.max_load_retries, ssl_config=None,
+                 health_service: bool = True):
         if bool(model_base_path) == bool(model_config_file):
             raise ValueError("give exactly one of model_base_path and model_config_file")
         if bool(ssl_cert) != bool(ssl_key):
             raise ValueError("TLS needs both ssl_cert and ssl_key")
+        if ssl_config is not None and ssl_cert:
+            raise ValueError("give either ssl_cert/ssl_key or ssl_config")
+        if ssl_config is not None and not (ssl_config.server_key and ssl_config.server_cert):
+            raise ValueError("ssl_config needs server_key and server_cert")
         if isinstance(version_policy, str):
             version_policy = VersionPolicy.parse(version_policy)
         self.model_base_path = model_base_path
@@ -175,11 +231,22 @@ class ModelServer:
         self.max_request_bytes = max_request_bytes
         self.max_image_pixels = max_image_pixels
         self.max_threads = max_threads
+        self.config_poll_seconds = config_poll_seconds
+        self.rest_threads = rest_threads
+        self.metrics_path = metrics_path
+        self.warmup = warmup
+        self.allow_version_labels_for_unavailable_models = \
+            allow_version_labels_for_unavailable_models
+        self.max_load_retries = max_load_retries
+        self.ssl_config = ssl_config
+        self.health_service = health_service
+        self.metrics = ServingMetrics(batching=batching is not None)
         # Every tensor element a request spells out costs at least one byte,
         # so only TF's padding rule (a few values, any shape) gives more
         # elements than max_request_bytes: bound what it can make us allocate.
         self.predictor = Predictor(
-            max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None)
+            max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None,
+            metrics=self.metrics)
         self.manager: Optional[ModelManager] = None
         self.health = health.HealthServicer()
         self.grpc_port: Optional[int] = None
@@ -202,7 +269,8 @@ class ModelServer:
 
     @property
     def tls(self) -> bool:
-        return bool(self.ssl_cert)
+        """Whether the gRPC port uses TLS (the REST port too with ssl_cert/ssl_key)."""
+        return bool(self.ssl_cert) or self.ssl_config is not None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -221,15 +289,21 @@ class ModelServer:
         self.manager = ModelManager(
             sources=sources, config_file=self.model_config_file,
             poll_seconds=self.poll_seconds, max_image_pixels=self.max_image_pixels,
-            batching=self.batching, warmup=self.predictor.predict_on,
-            on_change=self._update_health)
+            batching=self.batching, warmup=self.predictor.predict_on if self.warmup else None,
+            on_change=self._update_health, config_poll_seconds=self.config_poll_seconds,
+            max_load_retries=self.max_load_retries,
+            batch_observer=self.metrics.record_batch if self.batching else None)
         self.predictor.manager = self.manager
         self.manager.start()
         try:
             self._start_grpc()
             if self.requested_rest_port is not None and self.requested_rest_port >= 0:
-                self._rest = RestServer(self.predictor, self.host, self.requested_rest_port,
-                                        self.max_request_bytes, self._ssl_context()).start()
+                self._rest = RestServer(
+                    self.predictor, self.host, self.requested_rest_port,
+                    self.max_request_bytes, ssl_cert=self.ssl_cert, ssl_key=self.ssl_key,
+                    num_threads=self.rest_threads,
+                    metrics=self.metrics if self.metrics_path else None,
+                    metrics_path=self.metrics_path).start()
                 self.rest_port = self._rest.port
         except BaseException:
             self.stop(grace=0)
@@ -247,17 +321,23 @@ class ModelServer:
                                                         thread_name_prefix="grpc"),
                              options=options)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            _PredictionServicer(self.predictor), server)
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            _ModelServicer(self.predictor), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (PREDICTION_SERVICE, MODEL_SERVICE,
-             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
+            _PredictionServicer(self.predictor, self.metrics), server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelServicer(self), server)
+        services = [PREDICTION_SERVICE, MODEL_SERVICE, reflection.SERVICE_NAME]
+        if self.health_service:
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            services.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection(services, server)
         address = _join(self.host, self.requested_port)
         try:
-            if self.tls:
+            if self.ssl_config is not None:
+                config = self.ssl_config
+                credentials = grpc.ssl_server_credentials(
+                    [(config.server_key.encode(), config.server_cert.encode())],
+                    root_certificates=config.custom_ca.encode() or None,
+                    require_client_auth=config.client_verify)
+                port = server.add_secure_port(address, credentials)
+            elif self.tls:
                 with open(self.ssl_key, "rb") as f:
                     key = f.read()
                 with open(self.ssl_cert, "rb") as f:
@@ -274,19 +354,29 @@ class ModelServer:
         self._grpc = server
         self.grpc_port = port
 
-    def _ssl_context(self) -> Optional[ssl.SSLContext]:
-        if not self.tls:
-            return None
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.ssl_cert, self.ssl_key)
-        return context
+    def reload_config(self, config) -> None:
+        """HandleReloadConfigRequest: serves the models of a `ModelServerConfig`.
+
+        Raises:
+          ServingError: INVALID_ARGUMENT for a config that is not a
+            model_config_list or is malformed; FAILED_PRECONDITION for a label
+            on a version that is not available (see `ModelManager.reload`).
+        """
+        if config.WhichOneof("config") != "model_config_list":
+            raise invalid_argument("ServerModelConfig type not supported by "
+                                   "HandleReloadConfigRequest. Only ModelConfigList is "
+                                   "currently supported")
+        try:
+            sources = sources_from_config(config, "ReloadConfigRequest")
+        except ValueError as e:
+            raise invalid_argument(str(e)) from None
+        self.manager.reload(sources, self.allow_version_labels_for_unavailable_models)
 
     def stop(self, grace: Optional[float] = 5.0) -> None:
         """Stops taking requests, lets in-flight ones finish (up to `grace` s), unloads."""
         self.health.enter_graceful_shutdown()
         if self._rest is not None:
-            self._rest.stop()
+            self._rest.stop(grace if grace is not None else 5.0)
             self._rest = None
         if self._grpc is not None:
             self._grpc.stop(grace).wait()
@@ -307,6 +397,8 @@ class ModelServer:
         line = f"serving: grpc={self.grpc_address} rest={rest}"
         if self.tls:
             line += " tls=on"
+        if self.metrics_path and self.rest_port is not None:
+            line += f" metrics={self.metrics_path}"
         return line
 
     def _update_health(self) -> None:
@@ -322,63 +414,6 @@ def _join(host: str, port: Optional[int]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `captioner serve` argument parser."""
-    p = argparse.ArgumentParser(
-        prog="captioner serve",
-        description="Serve SavedModel versions over TF Serving's gRPC and REST APIs.")
-    src = p.add_argument_group("models")
-    src.add_argument("--model-base-path", help="folder with integer version folders")
-    src.add_argument("--model-name", default="captioner",
-                     help="name of the model at --model-base-path (default: captioner)")
-    src.add_argument("--model-config-file",
-                     help="models.config (ModelServerConfig text); re-read when it changes")
-    src.add_argument("--model-version-policy", default="latest:1",
-                     help="latest:N | all | specific:1,2 for --model-base-path "
-                          "(default: latest:1)")
-    src.add_argument("--poll-seconds", type=float, default=_DEFAULTS.poll_seconds,
-                     help="file-system poll interval; <= 0 polls once")
-    net = p.add_argument_group("network")
-    net.add_argument("--host", default=_DEFAULTS.host,
-                     help="address to bind (default: 127.0.0.1, loopback only)")
-    net.add_argument("--port", type=int, default=_DEFAULTS.port, help="gRPC port (0: any free)")
-    net.add_argument("--rest-port", type=int, default=_DEFAULTS.rest_port,
-                     help="REST port (0: any free, -1: no REST)")
-    net.add_argument("--ssl-cert", help="PEM certificate chain: TLS on both ports")
-    net.add_argument("--ssl-key", help="PEM private key for --ssl-cert")
-    net.add_argument("--max-threads", type=int, default=64, help="gRPC worker threads")
-    lim = p.add_argument_group("limits")
-    lim.add_argument("--max-request-bytes", type=int, default=_DEFAULTS.max_request_bytes)
-    lim.add_argument("--max-image-pixels", type=int, default=_DEFAULTS.max_image_pixels,
-                     help="refuse images whose header claims more pixels (0: no limit)")
-    bat = p.add_argument_group("batching")
-    bat.add_argument("--enable-batching", action="store_true",
-                     help="batch concurrent requests (TF Serving semantics)")
-    bat.add_argument("--batching-parameters-file",
-                     help="TF Serving batching parameters text file (implies --enable-batching)")
-    bat.add_argument("--max-batch-size", type=int)
-    bat.add_argument("--batch-timeout-micros", type=int)
-    bat.add_argument("--num-batch-threads", type=int)
-    p.add_argument("--log-level", default="INFO")
-    return p
-
-
-def _batching_from_args(args) -> Optional[BatchingParameters]:
-    if not (args.enable_batching or args.batching_parameters_file):
-        return None
-    base = (BatchingParameters.from_file(args.batching_parameters_file)
-            if args.batching_parameters_file else BatchingParameters())
-    overrides = {k: v for k, v in (("max_batch_size", args.max_batch_size),
-                                   ("batch_timeout_micros", args.batch_timeout_micros),
-                                   ("num_batch_threads", args.num_batch_threads))
-                 if v is not None}
-    if overrides:
-        if "max_batch_size" in overrides and base.allowed_batch_sizes:
-            overrides["allowed_batch_sizes"] = ()
-        base = dataclasses.replace(base, **overrides)
-    return base
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """`captioner serve`: runs the server until SIGTERM or SIGINT.
 
@@ -388,27 +423,67 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       The exit status: 0 after a clean shutdown, 1 when the server cannot
       start (port taken, bad models.config), 2 for bad arguments.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    refused = flags.refused_flag(argv)
+    if refused:
+        parser.error(refused)
     args = parser.parse_args(argv)
+    if args.show_version:
+        print(f"captioner serve {_version()} (TensorFlow {_tf_version()}); speaks "
+              f"TensorFlow Serving's gRPC and REST APIs")
+        return 0
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if bool(args.model_base_path) == bool(args.model_config_file):
-        parser.error("give exactly one of --model-base-path and --model-config-file")
+    if not (args.model_base_path or args.model_config_file):
+        parser.error("give --model-base-path (--model_base_path) or --model-config-file "
+                     "(--model_config_file)")
+    if args.model_base_path and args.model_config_file:
+        log.warning("--model_config_file is set: --model_base_path and --model_name are "
+                    "ignored (as in TF Serving)")
+        args.model_base_path = None
     if bool(args.ssl_cert) != bool(args.ssl_key):
         parser.error("--ssl-cert and --ssl-key go together")
+    if args.ssl_config_file and args.ssl_cert:
+        parser.error("give either --ssl_config_file or --ssl-cert/--ssl-key")
     try:
         policy = VersionPolicy.parse(args.model_version_policy)
         batching = _batching_from_args(args)
+        metrics_path = None
+        if args.monitoring_config_file:
+            from serving.metrics import read_monitoring_config
+            enabled, path = read_monitoring_config(args.monitoring_config_file)
+            metrics_path = path if enabled else None
+            if enabled and args.rest_port < 0:
+                raise ValueError("--monitoring_config_file serves metrics on the REST port: "
+                                 "set --rest_api_port")
+        ssl_config = None
+        if args.ssl_config_file:
+            from serving.config_protos import SSLConfig, parse_text_file
+            ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
     except (ValueError, OSError) as e:
         parser.error(str(e))
-    server = ModelServer(
-        args.model_base_path, args.model_name, model_config_file=args.model_config_file,
-        host=args.host, port=args.port,
-        rest_port=args.rest_port if args.rest_port >= 0 else None,
-        poll_seconds=args.poll_seconds, version_policy=policy, batching=batching,
-        ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
-        max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels,
-        max_threads=args.max_threads)
+    if args.intra_op or args.inter_op:
+        import tensorflow as tf
+        if args.intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
+        if args.inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
+    try:
+        server = ModelServer(
+            args.model_base_path, args.model_name, model_config_file=args.model_config_file,
+            host=args.host, port=args.port,
+            rest_port=args.rest_port if args.rest_port >= 0 else None,
+            poll_seconds=args.poll_seconds, version_policy=policy, batching=batching,
+            ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
+            max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels,
+            max_threads=args.max_threads, config_poll_seconds=args.config_poll_seconds,
+            rest_threads=args.rest_threads or None, metrics_path=metrics_path,
+            warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,
+            max_load_retries=args.max_load_retries, ssl_config=ssl_config,
+            health_service=args.health)
+    except ValueError as e:
+        parser.error(str(e))
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -432,6 +507,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("captioner")
+    except Exception:  # not installed: running from a checkout
+        return "(source checkout)"
+
+
+def _tf_version() -> str:
+    import tensorflow as tf
+    return tf.__version__
 
 
 if __name__ == "__main__":

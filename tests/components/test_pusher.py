@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from components import pusher
+from components import pusher, schema
 from components.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
@@ -112,3 +112,49 @@ def test_the_export_decodes_as_the_evaluation_measured(tmp_path):
     older = Artifact(type="Evaluation", uri=str(tmp_path), properties={"metrics": {}})
     with pytest.raises(RuntimeError, match="decoding settings"):
         pusher.blessed_decoding(older)
+
+
+def _fake_pusher_inputs(tmp_path, monkeypatch, export):
+    """A Pusher context whose export writes what `export(path)` writes."""
+    import keras
+    from serving import export as export_lib
+    monkeypatch.setattr(keras.saving, "load_model", lambda path: None)
+    monkeypatch.setattr(schema, "read_vocabulary", lambda uri: ["<pad>"])
+    monkeypatch.setattr(schema, "model_file", lambda uri: uri)
+    monkeypatch.setattr(export_lib, "export_saved_model",
+                        lambda path, *args, **kwargs: export(path))
+    inputs = {name: Artifact(type=name, uri=str(tmp_path / name), fingerprint=f"fp-{name}")
+              for name in ("model", "encoder", "vocabulary", "evaluation")}
+    inputs["blessing"] = Artifact(type="Blessing", uri=str(tmp_path / "b"),
+                                  properties={"blessed": True})
+    return StageContext(stage="Pusher", config=PipelineConfig(), inputs=inputs,
+                        outputs={"pushed_model": str(tmp_path / "out")},
+                        work_dir=str(tmp_path), root=str(tmp_path), execution_id=1)
+
+
+def test_a_model_tf_serving_cannot_run_is_not_pushed(tmp_path, monkeypatch, capsys):
+    from tests.serving.test_infra_validator import _py_function_model
+    ctx = _fake_pusher_inputs(tmp_path, monkeypatch, _py_function_model)
+    result = pusher.run(ctx)
+    properties = result["pushed_model"]["properties"]
+    assert properties["pushed"] is False
+    assert "infra validation" in properties["reasons"][0]
+    assert "EagerPyFunc" in properties["reasons"][0]
+    model_dir = tmp_path / "serving" / "captioner"
+    assert os.listdir(model_dir) == []  # no version, no leftover
+    assert "NOT pushed" in capsys.readouterr().err
+
+
+def test_a_pushed_version_records_its_ops_and_tensorflow_version(tmp_path, monkeypatch):
+    import tensorflow as tf
+    from tests.serving.fixtures import build_fixture_model, solid_image
+    ctx = _fake_pusher_inputs(tmp_path, monkeypatch, lambda path: build_fixture_model(
+        path, warmup_images=[solid_image((200, 10, 10))]))
+    properties = pusher.run(ctx)["pushed_model"]["properties"]
+    assert properties["pushed"] is True and properties["version"] == 1
+    record = pusher.pushed_from(properties["path"])
+    report = record["infra_validation"]
+    assert report["ok"] and report["tensorflow_version"] == tf.__version__
+    assert report["warmup_requests"] == 1 and "DecodeImage" in report["ops"]
+    # The same model again is recognized as already pushed.
+    assert pusher.run(ctx)["pushed_model"]["properties"]["version"] == 1

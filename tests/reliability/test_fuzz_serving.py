@@ -1093,18 +1093,26 @@ def bad_url(draw):
                     f"Malformed request: {method} /v1/bogus/")
 
 
-BAD_HTTP = [  # (raw request, status; None: no status line, "closed": no answer at all)
-    (b"FOO / HTTP/1.1\r\n\r\n", 501),
-    (b"HEAD /v1/models/captioner HTTP/1.1\r\n\r\n", 501),
-    (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
-    (b"GET /v1/models/captioner HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431),
-    (b"GET /v1/models/captioner HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n", 431),
+BAD_HTTP = [  # (raw request, status; "closed": no answer at all)
+    (b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+    (b"HEAD /v1/models/captioner HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+    (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70000 + b"\r\n\r\n",
+     431),
+    (b"GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 150 + b"\r\n", 431),
+    # A head still incomplete past 256 KiB is refused without waiting for its end.
+    (b"GET /" + b"a" * 300000, 414),
+    (b"GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 300000, 431),
     (b"GET /v1/models/captioner HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400),
-    # Python's http.server answers these HTTP/0.9-style: an HTML page, no status line.
-    (b"GET /v1/models/captioner HTTP/9.9\r\n\r\n", "html 505"),
-    (b"garbage\r\n\r\n", "html 400"),
-    (b"GET\r\n\r\n", "html 400"),
-    (b"\r\n", "closed"),
+    # HTTP/1.1 requires Host (RFC 9112, 3.2).
+    (b"GET /v1/models/captioner HTTP/1.1\r\n\r\n", 400),
+    (b"GET /v1/models/captioner HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+    (b"garbage\r\n\r\n", 400),
+    (b"GET\r\n\r\n", 400),
+    (b"GET /v1/models/captioner HTTP/1.1\r\nHost : x\r\n\r\n", 400),
+    (b"GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\nX:\x00y\r\n\r\n", 400),
+    (b"GET /v1/models/caption\xe9r HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+    (b"\r\n", 400),
     (b"", "closed"),
 ]
 

@@ -58,3 +58,47 @@ def test_tls_grpc_and_rest(make_base, start_server, tmp_path):
         assert json.loads(response.read())["model_version_status"][0]["state"] == "AVAILABLE"
     with pytest.raises(urllib.error.URLError):  # untrusted without the CA
         urllib.request.urlopen(server.rest_url + "/v1/models/captioner", timeout=30)
+
+
+def _ssl_config_file(tmp_path, cert: str, key: str, client_verify: bool) -> str:
+    """A TF Serving `--ssl_config_file` (SSLConfig text: PEM contents, not paths)."""
+    from serving.config_protos import SSLConfig
+    config = SSLConfig(server_key=open(key).read(), server_cert=open(cert).read(),
+                       custom_ca=open(cert).read() if client_verify else "",
+                       client_verify=client_verify)
+    path = tmp_path / "ssl.config"
+    path.write_text(str(config))
+    return str(path)
+
+
+def test_ssl_config_file_secures_grpc_and_leaves_rest_plain(make_base, start_server, tmp_path):
+    from serving.config_protos import SSLConfig, parse_text_file
+    cert, key = self_signed(tmp_path)
+    config = parse_text_file(_ssl_config_file(tmp_path, cert, key, False), SSLConfig)
+    server = start_server(make_base({1: "image"}), ssl_config=config)
+    assert "tls=on" in server.describe() and server.rest_url.startswith("http://")
+    with CaptionClient(server.grpc_address, root_certificates=cert) as client:
+        assert client.caption([solid_image(RED)])[0]["caption"] == expected_caption(RED)
+    with urllib.request.urlopen(server.rest_url + "/v1/models/captioner", timeout=30) as response:
+        assert response.status == 200  # TF Serving's REST port has no TLS either
+
+
+def test_ssl_config_client_verify_requires_a_client_certificate(make_base, start_server,
+                                                                tmp_path):
+    from serving.config_protos import SSLConfig, parse_text_file
+    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+    cert, key = self_signed(tmp_path)
+    config = parse_text_file(_ssl_config_file(tmp_path, cert, key, True), SSLConfig)
+    server = start_server(make_base({1: "image"}), ssl_config=config)
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = "captioner"
+    pem = {name: open(path, "rb").read() for name, path in (("cert", cert), ("key", key))}
+    with_client_cert = grpc.ssl_channel_credentials(pem["cert"], pem["key"], pem["cert"])
+    stub = model_service_pb2_grpc.ModelServiceStub(
+        grpc.secure_channel(server.grpc_address, with_client_cert))
+    assert stub.GetModelStatus(request, timeout=30).model_version_status[0].version == 1
+    anonymous = model_service_pb2_grpc.ModelServiceStub(
+        grpc.secure_channel(server.grpc_address, grpc.ssl_channel_credentials(pem["cert"])))
+    with pytest.raises(grpc.RpcError) as info:
+        anonymous.GetModelStatus(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
