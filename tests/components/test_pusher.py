@@ -124,7 +124,11 @@ def _fake_pusher_inputs(tmp_path, monkeypatch, export):
     monkeypatch.setattr(export_lib, "export_saved_model",
                         lambda path, *args, **kwargs: export(path))
     inputs = {name: Artifact(type=name, uri=str(tmp_path / name), fingerprint=f"fp-{name}")
-              for name in ("model", "encoder", "vocabulary", "evaluation")}
+              for name in ("model", "encoder", "vocabulary")}
+    inputs["evaluation"] = Artifact(
+        type="Evaluation", uri=str(tmp_path / "evaluation"), fingerprint="fp-evaluation",
+        properties={"metrics": {}, "decoding": {"beam_size": 1, "max_length": 5,
+                                                "length_normalization": 0.0}})
     inputs["blessing"] = Artifact(type="Blessing", uri=str(tmp_path / "b"),
                                   properties={"blessed": True})
     return StageContext(stage="Pusher", config=PipelineConfig(), inputs=inputs,
