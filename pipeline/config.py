@@ -75,7 +75,8 @@ class PreprocessConfig:
     vocab_min_count: int = 1           # words seen fewer times in train become <unk>
     vocab_max_size: int = 10000        # vocabulary size limit, reserved tokens included
     max_caption_length: int = 30       # tokens, without <start>/<end>
-    num_shards: int = 2                # output TFRecord shards per split
+    num_shards: int = 0                # shards per split: 0 = streamed, sized by max_shard_mb; N = exactly N (groups every record)
+    max_shard_mb: int = 128            # num_shards=0: a shard is closed after this many MB
 
 
 @dataclass(frozen=True)
