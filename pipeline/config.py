@@ -60,6 +60,8 @@ class EncoderConfig:
     batch_size: int = 64               # EncoderTrainer batch size
     learning_rate: float = 2e-3        # EncoderTrainer Adam learning rate
     max_epochs: int = 30               # EncoderTrainer epoch limit (early stopping usually ends it)
+    shuffle_buffer: int = 10000        # EncoderTrainer: encoded images in the shuffle buffer
+    val_images: int = 5000             # EncoderTrainer: val images scored for mAP, at most
     patience: int = 3                  # epochs without val mAP improvement
     min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
 
