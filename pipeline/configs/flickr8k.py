@@ -19,7 +19,7 @@ def get_config() -> PipelineConfig:
                               weights="imagenet", image_size=224, coord_channels=False,
                               train=False),
         preprocess=PreprocessConfig(max_batch_size=64, vocab_min_count=3,
-                                    vocab_max_size=10000, num_shards=8),
+                                    vocab_max_size=10000),
         model=ModelConfig(attention="soft", embedding_dim=512, hidden_dim=1000,
                           attention_dim=512, dropout=0.5),
         train=TrainConfig(batch_size=64, epochs=30, learning_rate=1e-4,
