@@ -210,16 +210,24 @@ def main(argv=None) -> int:
                     json.dump(run["timeline"], f)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+        if size != sizes[-1]:
+            # The sizes so far, in case a long run is cut short.
+            print("partial: " + json.dumps(summarize(sizes[:sizes.index(size) + 1], results)),
+                  flush=True)
     print(f"stage logs: {workdir}/n<size>-<Stage>.log", flush=True)
-    summary = {
+    print(json.dumps(summarize(sizes, results)))
+    return 0
+
+
+def summarize(sizes: list[int], results: dict) -> dict:
+    """The benchmark's JSON summary: per-stage lists and the growth ratios."""
+    return {
         "sizes": sizes,
         "cpu": cpu_model(),
         "stages": results,
         "memory_growth": round(max(growth(r["peak_rss_mb"]) for r in results.values()), 3),
         "time_growth": round(max(growth(r["s_per_image"]) for r in results.values()), 3),
     }
-    print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":
