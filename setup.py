@@ -28,7 +28,8 @@ setup(
         "numpy>=1.26",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
+                 "psutil>=5.9"],  # psutil: benchmarks/scale.py samples process-tree RSS
     },
     entry_points={"console_scripts": ["captioner=pipeline.cli:main"]},
 )
