@@ -344,6 +344,21 @@ def test_multi_processing_direct_runner_gives_same_records(artifacts, in_process
             == open(os.path.join(in_process[1]["vocabulary"], "vocab.txt")).read())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("runner_config", [
+    {"direct_running_mode": "multi_processing", "direct_num_workers": 2},
+    {"runner": "portable"}], ids=["multi_processing", "portable"])
+def test_streamed_shards_on_other_runners_give_the_same_records(artifacts, in_process,
+                                                                runner_config):
+    config = dataclasses.replace(PREPROCESS, num_shards=0, **runner_config)
+    results, outputs = _run(artifacts, "streamed-" + "-".join(map(str, runner_config.values())),
+                            config)
+    assert results["annotations"]["counts"] == in_process[0]["annotations"]["counts"]
+    _assert_same_records(_records(outputs["annotations"]), _records(in_process[1]["annotations"]))
+    assert (open(os.path.join(outputs["vocabulary"], "vocab.txt")).read()
+            == open(os.path.join(in_process[1]["vocabulary"], "vocab.txt")).read())
+
+
 def test_runs_under_the_pipeline_runner_and_publishes(artifacts, tmp_path, monkeypatch):
     """Preprocess as a stage of the local Runner: artifacts published with counts/properties."""
     import shutil
