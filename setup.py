@@ -26,6 +26,8 @@ setup(
         "pillow>=10",
         "tqdm>=4.60",
         "numpy>=1.26",
+        # Streams COCO / Karpathy caption JSON (components/sources/json_stream.py).
+        "ijson>=3.2",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
