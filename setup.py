@@ -31,9 +31,12 @@ setup(
         "pillow>=10",
         "tqdm>=4.60",
         "numpy>=1.26",
+        # Streams COCO / Karpathy caption JSON (components/sources/json_stream.py).
+        "ijson>=3.2",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
+                 "psutil>=5.9"],  # psutil: benchmarks/scale.py samples process-tree RSS
     },
     entry_points={"console_scripts": ["captioner=pipeline.cli:main"]},
 )

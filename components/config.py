@@ -65,6 +65,8 @@ class EncoderConfig:
     batch_size: int = 64               # EncoderTrainer batch size
     learning_rate: float = 2e-3        # EncoderTrainer Adam learning rate
     max_epochs: int = 30               # EncoderTrainer epoch limit (early stopping usually ends it)
+    shuffle_buffer: int = 10000        # EncoderTrainer: encoded images in the shuffle buffer
+    val_images: int = 5000             # EncoderTrainer: val images scored for mAP, at most
     patience: int = 3                  # epochs without val mAP improvement
     min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
 
@@ -80,7 +82,8 @@ class PreprocessConfig:
     vocab_min_count: int = 1           # words seen fewer times in train become <unk>
     vocab_max_size: int = 10000        # vocabulary size limit, reserved tokens included
     max_caption_length: int = 30       # tokens, without <start>/<end>
-    num_shards: int = 2                # output TFRecord shards per split
+    num_shards: int = 0                # shards per split: 0 = streamed, sized by max_shard_mb; N = exactly N (groups every record)
+    max_shard_mb: int = 128            # num_shards=0: a shard is closed after this many MB
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,7 @@ class TrainConfig:
     keep_checkpoints: int = 3          # checkpoints kept by the CheckpointManager
     shuffle_buffer: int = 2048         # tf.data shuffle buffer (images)
     cache: str = "auto"                # auto | true | false: keep parsed records in memory
-    cache_budget_mb: int = 4096        # train.cache=auto caches only a split estimated to fit this
+    cache_budget_mb: int = 1024        # train.cache=auto caches only a split estimated to fit this
     bucket_by_length: bool = False     # batch captions of similar length together
     mixed_precision: str = "float32"   # float32 | mixed_float16 | mixed_bfloat16
     jit_compile: bool = False          # XLA-compile the train step

@@ -6,6 +6,10 @@ for an image) until its held-out mean average precision stops improving; its
 conv grid then becomes the annotation layer. For `keras_app` encoders the
 stage only materializes the model (ImageNet weights, a local file, or none),
 so that Preprocess and the Pusher share one saved encoder.
+
+Training streams the images from the Examples TFRecords (a shuffle buffer of
+`encoder.shuffle_buffer` encoded records, decoded in the input pipeline), so
+its memory does not grow with the number of images.
 """
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ import sys
 import time
 
 import numpy as np
-from tqdm import tqdm
 
 from components import schema
 from models import text as text_lib
@@ -41,34 +44,37 @@ def mean_average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(aps)) if aps else 0.0
 
 
-def load_split(examples_uri: str, split: str, image_size: int, desc: str):
-    """Decoded images (uint8) and their caption word sets for one split."""
+def caption_words(captions) -> set[str]:
+    """The normalized words of one image's captions (bytes or str), as a set."""
+    words: set[str] = set()
+    for c in captions:
+        if isinstance(c, bytes):
+            c = c.decode("utf-8")
+        if c:
+            words.update(text_lib.normalize(c))
+    return words
+
+
+def _caption_records(files, limit: int = 0):
+    """A dataset of each record's captions only (`[n]` tf.string), in file order."""
     import tensorflow as tf
-    from models.image_ops import decode_and_resize
-    files = schema.split_files(examples_uri, split)
-    if not files:
-        return np.zeros((0, image_size, image_size, 3), np.uint8), []
-    spec = schema.example_image_spec()
+    spec = {schema.CAPTIONS: tf.io.VarLenFeature(tf.string)}
+    ds = tf.data.TFRecordDataset(files)
+    if limit > 0:
+        ds = ds.take(limit)
+    return ds.map(lambda r: tf.sparse.to_dense(tf.io.parse_single_example(r, spec)[schema.CAPTIONS]),
+                  num_parallel_calls=tf.data.AUTOTUNE).batch(256)
 
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        image = tf.cast(tf.round(decode_and_resize(ex[schema.IMAGE_ENCODED], image_size)),
-                        tf.uint8)
-        return image, tf.sparse.to_dense(ex[schema.CAPTIONS])
 
-    ds = (tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-          .batch(256).prefetch(2))
-    images, words = [], []
-    for batch_images, batch_caps in tqdm(ds.as_numpy_iterator(), desc=desc, unit="batch",
-                                         file=sys.stderr, mininterval=1.0):
-        images.append(batch_images)
-        for caps in batch_caps:
-            ws = set()
-            for c in caps:
-                if c:
-                    ws.update(text_lib.normalize(c.decode("utf-8")))
-            words.append(ws)
-    return np.concatenate(images), words
+def word_frequencies(files) -> tuple[collections.Counter, int]:
+    """Streams a split's captions: (images per non-stopword word, number of images)."""
+    freq: collections.Counter = collections.Counter()
+    n = 0
+    for batch in _caption_records(files).as_numpy_iterator():
+        for caps in batch:
+            freq.update(w for w in caption_words(caps) if w not in STOPWORDS)
+            n += 1
+    return freq, n
 
 
 def word_targets(word_sets, index: dict) -> np.ndarray:
@@ -82,30 +88,73 @@ def word_targets(word_sets, index: dict) -> np.ndarray:
     return y
 
 
-def train_word_encoder(train_x, train_y, val_x, val_y, config, log=print):
+def image_word_dataset(files, index: dict, image_size: int, *, shuffle_buffer: int = 0,
+                       seed: int = 0, limit: int = 0):
+    """Streams `(image, targets)` from Examples TFRecords: nothing is held but the buffers.
+
+    Records are shuffled while still serialized (a buffer of encoded images,
+    not of decoded ones), then decoded and resized with the project's one
+    image preprocessing, rounded to uint8 values, and given their multi-hot
+    word targets.
+
+    Args:
+      files: the split's TFRecord files (read in order).
+      index: word -> target column.
+      image_size: the encoder's input side S.
+      shuffle_buffer: records in the shuffle buffer (0: no shuffling).
+      seed: the shuffle seed (a new order every epoch).
+      limit: read at most this many records (0: all).
+    Returns:
+      A dataset of `(S, S, 3)` float32 images and `(K,)` float32 targets.
+    """
+    import tensorflow as tf
+    from models.image_ops import decode_and_resize
+    spec = schema.example_image_spec()
+    k = len(index)
+
+    def targets(captions):
+        return word_targets([caption_words(captions)], index)[0]
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        image = tf.cast(tf.round(decode_and_resize(ex[schema.IMAGE_ENCODED], image_size)), tf.uint8)
+        y = tf.numpy_function(targets, [tf.sparse.to_dense(ex[schema.CAPTIONS])], tf.float32,
+                              stateful=False)
+        return tf.cast(image, tf.float32), tf.ensure_shape(y, [k])
+
+    ds = tf.data.TFRecordDataset(files)
+    if limit > 0:
+        ds = ds.take(limit)
+    if shuffle_buffer > 0:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print):
     """Trains the small CNN on word presence until val mAP stops improving.
 
+    Args:
+      train_ds: batched `(images, targets)` (one epoch per iteration).
+      val_ds: batched `(images, targets)` of the held-out images, in `val_y` order.
+      val_y: `(N_val, K)` targets of `val_ds`, for the mean average precision.
+      config: `EncoderConfig`.
     Returns:
       (trained backbone, best val mAP, epochs run, history list).
     """
     import keras
-    import tensorflow as tf
     from models.encoder import small_cnn_backbone, word_classifier
     keras.utils.set_random_seed(0)
     backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
-    model = word_classifier(backbone, train_y.shape[1])
+    model = word_classifier(backbone, val_y.shape[1])
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
-    train_ds = (tf.data.Dataset.from_tensor_slices((train_x, train_y))
-                .shuffle(min(len(train_x), 10000), seed=0, reshuffle_each_iteration=True)
-                .map(lambda x, y: (tf.cast(x, tf.float32), y))
-                .batch(config.batch_size).prefetch(2))
+    val_images = val_ds.map(lambda x, y: x)
     best, best_weights, bad, history = -1.0, None, 0, []
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         start = time.time()
         fit = model.fit(train_ds, epochs=1, verbose=1 if sys.stderr.isatty() else 0)
-        scores = model.predict(val_x.astype(np.float32), batch_size=256, verbose=0)
+        scores = model.predict(val_images, verbose=0)
         val_map = mean_average_precision(scores, val_y)
         history.append({"epoch": epoch, "loss": float(fit.history["loss"][-1]),
                         "val_map": val_map, "seconds": round(time.time() - start, 1)})
@@ -124,6 +173,51 @@ def train_word_encoder(train_x, train_y, val_x, val_y, config, log=print):
     return backbone, best, epoch, history
 
 
+def train_from_examples(examples_uri: str, config, log=print) -> tuple:
+    """Trains the small CNN on an Examples artifact, streaming every image from disk.
+
+    Memory does not grow with the number of images: one pass counts the
+    train words (a `Counter`), training reads the TFRecords through a
+    shuffle buffer of `config.shuffle_buffer` encoded records, and the
+    held-out mAP uses at most `config.val_images` val images (their scores
+    and targets are the only per-image arrays kept).
+
+    Args:
+      examples_uri: the Examples artifact folder.
+      config: `EncoderConfig`.
+    Returns:
+      (backbone, properties, counts, words).
+    """
+    train_files = schema.split_files(examples_uri, "train")
+    val_files = schema.split_files(examples_uri, "val")
+    freq, n_train = word_frequencies(train_files)
+    val_sets = [caption_words(caps) for batch in _caption_records(
+        val_files, config.val_images).as_numpy_iterator() for caps in batch]
+    if n_train == 0 or not val_sets:
+        raise RuntimeError("EncoderTrainer needs train and val images; "
+                           "check data.val_fraction and the ExampleGen counts")
+    words = sorted(w for w, c in freq.items() if c >= 2)
+    index = {w: i for i, w in enumerate(words)}
+    val_y = word_targets(val_sets, index)
+    # Chance level: a scorer that ranks at random gets each word's prevalence.
+    chance = float(np.mean([val_y[:, j].mean() for j in range(len(words))
+                            if val_y[:, j].sum() > 0]))
+    log(f"[EncoderTrainer] {n_train} train images streamed from disk (shuffle buffer "
+        f"{min(n_train, config.shuffle_buffer)} records), {len(val_sets)} val images, "
+        f"{len(words)} words")
+    train_ds = (image_word_dataset(train_files, index, config.image_size,
+                                   shuffle_buffer=min(n_train, config.shuffle_buffer), seed=0)
+                .batch(config.batch_size).prefetch(2))
+    val_ds = (image_word_dataset(val_files, index, config.image_size, limit=len(val_sets))
+              .batch(256).prefetch(2))
+    backbone, val_map, epochs, history = train_word_encoder(train_ds, val_ds, val_y, config, log)
+    properties = {"val_map": val_map, "chance_map": chance, "epochs": epochs,
+                  "history": history, "words": words}
+    counts = {"encoder_train_images": int(n_train), "encoder_val_images": len(val_sets),
+              "encoder_words": len(words)}
+    return backbone, properties, counts, words
+
+
 def run(ctx) -> dict:
     """Builds (and for the small CNN, trains) the encoder; writes the `Encoder` artifact."""
     from models.encoder import build_encoder
@@ -135,25 +229,9 @@ def run(ctx) -> dict:
     counts: dict = {}
     backbone = None
     if cfg.kind == "small_cnn" and cfg.train:
-        examples = ctx.inputs["examples"].uri
-        train_x, train_words = load_split(examples, "train", cfg.image_size, "load train")
-        val_x, val_words = load_split(examples, "val", cfg.image_size, "load val")
-        if len(train_x) == 0 or len(val_x) == 0:
-            raise RuntimeError("EncoderTrainer needs train and val images; "
-                               "check data.val_fraction and the ExampleGen counts")
-        freq = collections.Counter(w for ws in train_words for w in ws if w not in STOPWORDS)
-        words = sorted(w for w, c in freq.items() if c >= 2)
-        index = {w: i for i, w in enumerate(words)}
-        train_y, val_y = word_targets(train_words, index), word_targets(val_words, index)
-        # Chance level: a scorer that ranks at random gets each word's prevalence.
-        chance = float(np.mean([val_y[:, j].mean() for j in range(len(words))
-                                if val_y[:, j].sum() > 0]))
-        backbone, val_map, epochs, history = train_word_encoder(
-            train_x, train_y, val_x, val_y, cfg, log)
-        properties.update({"val_map": val_map, "chance_map": chance, "epochs": epochs,
-                           "history": history, "words": words})
-        counts = {"encoder_train_images": int(len(train_x)), "encoder_val_images": int(len(val_x)),
-                  "encoder_words": len(words)}
+        backbone, trained, counts, words = train_from_examples(
+            ctx.inputs["examples"].uri, cfg, log)
+        properties.update(trained)
         with open(os.path.join(out, "words.txt"), "w") as f:
             f.write("\n".join(words) + "\n")
     encoder = build_encoder(cfg.kind, application=cfg.application, layer=cfg.layer,

@@ -5,7 +5,8 @@ The pipeline (one Beam job, every split):
     Examples/<split>/*.tfrecord
       -> ReadAll -> Parse -> Tokenize (vocabulary side input) -> Decode ---------> dead letters
       -> RunInference(KerasModelHandler, batched) -> ToExample -> Partition(split)
-      -> WriteToTFRecord  <annotations>/<split>/annotations-SSSSS-of-NNNNN.tfrecord
+      -> WriteTFRecordShards  <annotations>/<split>/annotations-SSSSS-of-NNNNN.tfrecord
+         (num_shards=0: each bundle writes its own size-bounded shards, nothing grouped)
 
     Examples/train/*.tfrecord -> ReadAll -> Words -> CombineGlobally(WordCounts)
       -> vocabulary (side input above) + vocab.txt, counts.json
@@ -272,7 +273,7 @@ def build_pipeline(p: beam.Pipeline, *, files: Mapping[str, Sequence[str]], enco
       annotations_uri, vocabulary_uri: output folders.
       large_model: share one encoder across worker processes.
     """
-    from apache_beam.io.tfrecordio import ReadAllFromTFRecord, WriteToTFRecord
+    from apache_beam.io.tfrecordio import ReadAllFromTFRecord
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
     splits = [s for s in files if files[s]]
@@ -315,9 +316,10 @@ def build_pipeline(p: beam.Pipeline, *, files: Mapping[str, Sequence[str]], enco
     for split, part in zip(splits, by_split):
         _ = (part
              | f"Values[{split}]" >> beam.Values()
-             | f"Write[{split}]" >> WriteToTFRecord(
+             | f"Write[{split}]" >> beam_utils.WriteTFRecordShards(
                  beam_utils.join(annotations_uri, split, schema.ANNOTATIONS_PREFIX),
-                 file_name_suffix=".tfrecord", num_shards=max(1, config.num_shards),
+                 file_name_suffix=".tfrecord", num_shards=config.num_shards,
+                 max_shard_bytes=config.max_shard_mb * 2 ** 20,
                  shard_name_template=SHARD_TEMPLATE))
 
     _ = ((parsed[DEAD_LETTERS], decoded[DEAD_LETTERS])
@@ -487,7 +489,7 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
             "splits": splits,
             "num_records": {s: per_split[s]["accepted"] for s in splits},
             "split_counts": per_split,
-            "num_shards": max(1, config.num_shards),
+            "num_shards": {s: len(out_files[s]) for s in splits},
             "dead_letters": schema.DEAD_LETTERS_FILE,
             "vocab_size": vocab_size,
             "runner": beam_utils.runner_name(runner),

@@ -142,7 +142,10 @@ ARTIFACT_LAYOUTS = (
         ((_shards(ANNOTATIONS_PREFIX), "one `tf.train.Example` per image (features below)"),
          (DEAD_LETTERS_FILE, "images that failed to parse or decode (see Dead letters)")),
         ANNOTATION_FEATURES,
-        f"`properties`: `{GRID_SHAPE}`, `num_records` (per split). Parsed by "
+        "The number of shards per split follows the data (each at most "
+        "`preprocess.max_shard_mb`) unless `preprocess.num_shards` fixes it; readers take "
+        f"every shard of a split folder. `properties`: `{GRID_SHAPE}`, `num_records` and "
+        "`num_shards` (per split). Parsed by "
         "`components.schema.parse_annotations` (tf.data) and `decode_annotations` (NumPy)."),
     ArtifactLayout(
         "Vocabulary", "Preprocess",

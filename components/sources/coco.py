@@ -1,10 +1,10 @@
 """COCO captions JSON (`images[].id/file_name`, `annotations[].image_id/caption`) + image folder."""
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 
+from components.sources import json_stream
 from components.sources.base import RawExample
 
 
@@ -20,16 +20,16 @@ def read_coco(captions_json: str, images_dir: str):
     if not captions_json or not os.path.exists(captions_json):
         raise FileNotFoundError(f"data.captions_json not found: {captions_json!r} "
                                 "(set --set data.captions_json=PATH)")
-    with open(captions_json, encoding="utf-8") as f:
-        data = json.load(f)
+    # Streamed: only the captions are held (by image id); the image entries
+    # are read one at a time after them.
     captions = defaultdict(list)
-    for ann in data.get("annotations", []):
+    for ann in json_stream.iter_items(captions_json, "annotations.item"):
         captions[ann["image_id"]].append(str(ann.get("caption", "")))
-    images = data.get("images", [])
+    total = json_stream.count_items(captions_json, "images.item")
 
     def gen():
-        for img in images:
+        for img in json_stream.iter_items(captions_json, "images.item"):
             yield RawExample(image_id=str(img["id"]),
                              image_path=os.path.join(images_dir, img["file_name"]),
                              captions=tuple(captions.get(img["id"], ())))
-    return gen(), len(images)
+    return gen(), total

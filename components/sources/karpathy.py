@@ -1,9 +1,9 @@
 """Karpathy split JSON (`dataset_coco.json`, `dataset_flickr8k.json`, ...) + image folder."""
 from __future__ import annotations
 
-import json
 import os
 
+from components.sources import json_stream
 from components.sources.base import RawExample
 
 
@@ -19,12 +19,11 @@ def read_karpathy(split_json: str, images_dir: str):
     if not split_json or not os.path.exists(split_json):
         raise FileNotFoundError(f"data.captions_json not found: {split_json!r} "
                                 "(the Karpathy dataset_*.json; set --set data.captions_json=PATH)")
-    with open(split_json, encoding="utf-8") as f:
-        data = json.load(f)
-    images = data.get("images", [])
+    total = json_stream.count_items(split_json, "images.item")
 
     def gen():
-        for i, img in enumerate(images):
+        # One image entry at a time: json.load of dataset_coco.json takes ~0.9 GiB.
+        for img in json_stream.iter_items(split_json, "images.item"):
             rel = os.path.join(img.get("filepath", ""), img["filename"])
             split = img.get("split", "train")
             split = {"restval": "train", "validation": "val"}.get(split, split)
@@ -33,4 +32,4 @@ def read_karpathy(split_json: str, images_dir: str):
                              captions=tuple(s.get("raw", " ".join(s.get("tokens", [])))
                                             for s in img.get("sentences", [])),
                              split=split)
-    return gen(), len(images)
+    return gen(), total

@@ -17,7 +17,7 @@ def get_config() -> PipelineConfig:
                         val_fraction=0.15, test_fraction=0.15, num_shards=2),
         encoder=EncoderConfig(kind="small_cnn", image_size=32, width=8, grid_size=4,
                               batch_size=16, max_epochs=2, patience=1),
-        preprocess=PreprocessConfig(max_batch_size=16, min_batch_size=1, num_shards=2),
+        preprocess=PreprocessConfig(max_batch_size=16, min_batch_size=1),
         model=ModelConfig(embedding_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0),
         train=TrainConfig(batch_size=16, epochs=2, checkpoint_every=5, val_examples=16,
                           log_every=5, shuffle_buffer=64),

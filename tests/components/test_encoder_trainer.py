@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from components import encoder_trainer, example_gen
+from components import encoder_trainer, example_gen, schema
 from components.sources.synthetic import generate
 from pipeline.config import DataConfig, EncoderConfig, PipelineConfig
 from components.artifacts import Artifact
@@ -62,3 +62,69 @@ def test_keras_app_encoder_loads_the_configured_weights_file(tmp_path):
     encoder = keras.saving.load_model(out / "encoder.keras")
     np.testing.assert_allclose(np.asarray(encoder(images)), reference(images),
                                rtol=1e-5, atol=1e-4)
+
+
+def _examples(tmp_path, n: int = 60):
+    data = DataConfig(num_images=n, image_size=32, val_fraction=0.2, test_fraction=0.0,
+                      seed=3, num_shards=2)
+    uri = tmp_path / "examples"
+    counts = example_gen.write_examples(generate(n, image_size=32, seed=3), str(uri), data)
+    return str(uri), counts
+
+
+def _in_memory_train_dataset(files, index, image_size, batch_size):
+    """The EncoderTrainer's earlier input pipeline: every train image decoded in memory."""
+    import tensorflow as tf
+    from models.image_ops import decode_and_resize
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "captions": tf.io.VarLenFeature(tf.string)}
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        image = tf.cast(tf.round(decode_and_resize(ex["image/encoded"], image_size)), tf.uint8)
+        return image, tf.sparse.to_dense(ex["captions"])
+
+    images, word_sets = [], []
+    for image, caps in tf.data.TFRecordDataset(files).map(parse).as_numpy_iterator():
+        images.append(image)
+        word_sets.append(encoder_trainer.caption_words(caps))
+    x = np.stack(images)
+    y = encoder_trainer.word_targets(word_sets, index)
+    return (tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(min(len(x), 10000), seed=0, reshuffle_each_iteration=True)
+            .map(lambda a, b: (tf.cast(a, tf.float32), b)).batch(batch_size))
+
+
+def test_streamed_batches_equal_the_in_memory_pipeline(tmp_path):
+    """Streaming from disk feeds the CNN exactly the batches the in-memory arrays did."""
+    uri, counts = _examples(tmp_path)
+    files = schema.split_files(uri, "train")
+    freq, n = encoder_trainer.word_frequencies(files)
+    assert n == counts["train"]
+    index = {w: i for i, w in enumerate(sorted(w for w, c in freq.items() if c >= 2))}
+    assert "red" in index or "blue" in index
+    assert not set(index) & encoder_trainer.STOPWORDS
+    streamed = encoder_trainer.image_word_dataset(
+        files, index, 32, shuffle_buffer=min(n, 10000), seed=0).batch(8)
+    reference = _in_memory_train_dataset(files, index, 32, 8)
+    for _ in range(2):  # two epochs: the per-epoch reshuffle matches too
+        pairs = list(zip(streamed.as_numpy_iterator(), reference.as_numpy_iterator(),
+                         strict=True))
+        assert len(pairs) == -(-n // 8)
+        for (xs, ys), (xr, yr) in pairs:
+            np.testing.assert_array_equal(xs, xr)
+            np.testing.assert_array_equal(ys, yr)
+            assert ys.sum() > 0
+
+
+def test_trains_from_a_stream_with_the_val_images_capped(tmp_path):
+    uri, counts = _examples(tmp_path)
+    cfg = EncoderConfig(image_size=32, width=4, grid_size=4, max_epochs=1, batch_size=16,
+                        shuffle_buffer=8, val_images=5)
+    backbone, props, run_counts, words = encoder_trainer.train_from_examples(
+        uri, cfg, log=lambda line: None)
+    assert run_counts == {"encoder_train_images": counts["train"], "encoder_val_images": 5,
+                          "encoder_words": len(words)}
+    assert props["words"] == words and props["epochs"] == 1
+    assert 0.0 <= props["val_map"] <= 1.0 and 0.0 < props["chance_map"] <= 1.0
+    assert tuple(backbone.output_shape[1:3]) == (4, 4)

@@ -307,6 +307,23 @@ def _assert_same_records(a: dict, b: dict) -> None:
         np.testing.assert_allclose(ga, gb, rtol=2e-3, atol=2e-3)
 
 
+def test_streamed_shards_give_the_same_records_as_fixed_shards(artifacts, in_process):
+    """`num_shards=0` (no GroupByKey) writes the record set and vocabulary of `num_shards=2`."""
+    config = dataclasses.replace(PREPROCESS, num_shards=0, max_shard_mb=1)
+    results, outputs = _run(artifacts, "streamed", config)
+    assert results["annotations"]["counts"] == in_process[0]["annotations"]["counts"]
+    _assert_same_records(_records(outputs["annotations"]), _records(in_process[1]["annotations"]))
+    for name in ("vocab.txt", "counts.json"):
+        assert (open(os.path.join(outputs["vocabulary"], name)).read()
+                == open(os.path.join(in_process[1]["vocabulary"], name)).read())
+    shards = results["annotations"]["properties"]["num_shards"]
+    for split in io_utils.SPLITS:
+        names = sorted(os.listdir(os.path.join(outputs["annotations"], split)))
+        assert len(names) == shards[split] >= 1
+        assert all(n.startswith("annotations-") and n.endswith(
+            f"-of-{shards[split]:05d}.tfrecord") for n in names)
+
+
 @pytest.mark.slow
 def test_portable_runner_loopback_gives_same_records(artifacts, in_process):
     config = dataclasses.replace(PREPROCESS, runner="portable")
@@ -323,6 +340,21 @@ def test_multi_processing_direct_runner_gives_same_records(artifacts, in_process
     config = dataclasses.replace(PREPROCESS, direct_running_mode="multi_processing",
                                  direct_num_workers=2)
     results, outputs = _run(artifacts, "multi_processing", config)
+    assert results["annotations"]["counts"] == in_process[0]["annotations"]["counts"]
+    _assert_same_records(_records(outputs["annotations"]), _records(in_process[1]["annotations"]))
+    assert (open(os.path.join(outputs["vocabulary"], "vocab.txt")).read()
+            == open(os.path.join(in_process[1]["vocabulary"], "vocab.txt")).read())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner_config", [
+    {"direct_running_mode": "multi_processing", "direct_num_workers": 2},
+    {"runner": "portable"}], ids=["multi_processing", "portable"])
+def test_streamed_shards_on_other_runners_give_the_same_records(artifacts, in_process,
+                                                                runner_config):
+    config = dataclasses.replace(PREPROCESS, num_shards=0, **runner_config)
+    results, outputs = _run(artifacts, "streamed-" + "-".join(map(str, runner_config.values())),
+                            config)
     assert results["annotations"]["counts"] == in_process[0]["annotations"]["counts"]
     _assert_same_records(_records(outputs["annotations"]), _records(in_process[1]["annotations"]))
     assert (open(os.path.join(outputs["vocabulary"], "vocab.txt")).read()
