@@ -317,7 +317,7 @@ def test_streamed_shards_give_the_same_records_as_fixed_shards(artifacts, in_pro
         assert (open(os.path.join(outputs["vocabulary"], name)).read()
                 == open(os.path.join(in_process[1]["vocabulary"], name)).read())
     shards = results["annotations"]["properties"]["num_shards"]
-    for split in io_utils.SPLITS:
+    for split in schema.SPLITS:
         names = sorted(os.listdir(os.path.join(outputs["annotations"], split)))
         assert len(names) == shards[split] >= 1
         assert all(n.startswith("annotations-") and n.endswith(
