@@ -82,6 +82,19 @@ def word_targets(word_sets, index: dict) -> np.ndarray:
     return y
 
 
+def _StepBar(bar):
+    """A Keras callback advancing `bar` (a tqdm) by one step per train batch, loss shown."""
+    import keras
+
+    class StepBar(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            bar.update(1)
+            if logs and "loss" in logs:
+                bar.set_postfix(loss=f"{float(logs['loss']):.4f}", refresh=False)
+
+    return StepBar()
+
+
 def train_word_encoder(train_x, train_y, val_x, val_y, config, log=print):
     """Trains the small CNN on word presence until val mAP stops improving.
 
@@ -100,11 +113,16 @@ def train_word_encoder(train_x, train_y, val_x, val_y, config, log=print):
                 .shuffle(min(len(train_x), 10000), seed=0, reshuffle_each_iteration=True)
                 .map(lambda x, y: (tf.cast(x, tf.float32), y))
                 .batch(config.batch_size).prefetch(2))
+    steps_per_epoch = -(-len(train_x) // config.batch_size)
     best, best_weights, bad, history = -1.0, None, 0, []
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         start = time.time()
-        fit = model.fit(train_ds, epochs=1, verbose=1 if sys.stderr.isatty() else 0)
+        # shuffle=False: the dataset shuffles itself (Keras would warn otherwise).
+        with tqdm(total=steps_per_epoch, desc=f"EncoderTrainer epoch {epoch}",
+                  unit="step", file=sys.stderr, leave=False) as bar:
+            fit = model.fit(train_ds, epochs=1, verbose=0, shuffle=False,
+                            callbacks=[_StepBar(bar)])
         scores = model.predict(val_x.astype(np.float32), batch_size=256, verbose=0)
         val_map = mean_average_precision(scores, val_y)
         history.append({"epoch": epoch, "loss": float(fit.history["loss"][-1]),
