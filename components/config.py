@@ -315,11 +315,6 @@ def validate(config: PipelineConfig) -> PipelineConfig:
             data.val_fraction + data.test_fraction >= 1:
         raise ConfigError(f"data.val_fraction={data.val_fraction} + data.test_fraction="
                           f"{data.test_fraction} must be >= 0 and leave images for train (< 1)")
-    if data.source in ("coco", "karpathy") and not data.captions_json:
-        what = "captions_*.json" if data.source == "coco" else "dataset_*.json"
-        raise ConfigError(f"data.source={data.source} needs data.captions_json (the {what} "
-                          "file) and data.images_dir, e.g. --set data.captions_json=PATH "
-                          "--set data.images_dir=DIR")
     if config.encoder.kind == "small_cnn":
         enc = config.encoder
         ratio = enc.image_size / max(enc.grid_size, 1)
@@ -357,6 +352,12 @@ def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> 
       ConfigError: naming the key, the path and what was expected there.
     """
     source = config.data.source
+    if (stages is None or "ExampleGen" in stages) and source in ("coco", "karpathy") \
+            and not config.data.captions_json:
+        what = "captions_*.json" if source == "coco" else "dataset_*.json"
+        raise ConfigError(f"data.source={source} needs data.captions_json (the {what} "
+                          "file) and data.images_dir, e.g. --set data.captions_json=PATH "
+                          "--set data.images_dir=DIR")
     used_by_source = {"data.captions_json": source in ("coco", "karpathy"),
                       "data.images_dir": source in ("coco", "karpathy"),
                       "data.tfds_data_dir": source == "tfds"}

@@ -182,10 +182,10 @@ def _cmd_tensorboard(args) -> int:
     spec = ",".join(f"{name}:{path}" for name, path in logdirs)
     command = ["tensorboard", f"--logdir_spec={spec}", "--port", str(args.port),
                "--host", args.host]
-    print("captioner: " + " ".join(command), file=sys.stderr)
     if args.print_only:
         print(" ".join(command))
         return 0
+    print("captioner: " + " ".join(command), file=sys.stderr)
     import shutil
     exe = shutil.which("tensorboard")
     argv = [exe] + command[1:] if exe else [sys.executable, "-m", "tensorboard.main"] + command[1:]
@@ -295,6 +295,38 @@ def main(argv=None) -> int:
         return 0
 
 
+def _serving_protos_without_tensorflow() -> None:
+    """Imports TF Serving's protos without running TensorFlow's `__init__` (seconds).
+
+    `captioner caption` needs only the protos under `tensorflow/core`, which
+    `tensorflow_serving.apis` imports through the `tensorflow` package. A
+    placeholder package stands in while they load and is then removed, so a
+    later `import tensorflow` still imports the real one.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    import importlib.util
+    import types
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    stub = types.ModuleType("tensorflow")
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    sys.modules["tensorflow"] = stub
+    try:
+        from tensorflow_serving.apis import (get_model_metadata_pb2,  # noqa: F401
+                                             get_model_status_pb2, model_pb2,
+                                             model_service_pb2_grpc, predict_pb2,
+                                             prediction_service_pb2_grpc)
+        from tensorflow.core.framework import tensor_pb2, types_pb2  # noqa: F401
+    except ImportError:
+        pass  # the ordinary import below reports it
+    finally:
+        if sys.modules.get("tensorflow") is stub:
+            del sys.modules["tensorflow"]
+
+
 def _main(argv: list[str], verbose: bool) -> int:
     parser = build_parser()
     # serve / caption / demo own their flags: hand them the rest of the line.
@@ -303,6 +335,8 @@ def _main(argv: list[str], verbose: bool) -> int:
         module, func = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
                         "demo": "pipeline.demo:main"}[argv[0]].split(":")
         rest = argv[1:]
+        if argv[0] == "caption":
+            _serving_protos_without_tensorflow()
         if argv[0] == "serve":
             try:
                 rest = serve_argv(rest)
