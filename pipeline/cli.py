@@ -284,15 +284,18 @@ def main(argv=None) -> int:
         argv = argv[1:]
     _quiet(verbose, argv[0] if argv else None)
     try:
-        return _main(argv, verbose)
+        status = _main(argv, verbose)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return status
     except BrokenPipeError:
-        # `captioner config | head`: the reader left; say nothing more.
+        # `captioner config | head`: the reader left; say nothing more, and
+        # keep the flush at exit from failing again.
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         except OSError:
             pass
-        return 0
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe ended
 
 
 def _serving_protos_without_tensorflow() -> None:

@@ -361,9 +361,12 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
                         pairs.append((item, client.caption([item[1]],
                                                            attention=want_attention)[0]))
                     except CaptionError as one:
-                        failed(item[0], f"{one.code.name}: {one.details}")
-                        failures += 1
+                        pairs.append((item, f"{one.code.name}: {one.details}"))
             for (path, data), result in pairs:
+                if isinstance(result, str):  # this image was refused (in input order)
+                    failed(path, result)
+                    failures += 1
+                    continue
                 figure = None
                 if want_attention and result["attention"] is not None:
                     from serving.attention_figure import save_attention_figure
