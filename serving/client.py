@@ -299,7 +299,8 @@ class CaptionClient:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="captioner caption",
+    from serving.flags import DefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog="captioner caption", formatter_class=DefaultsHelpFormatter,
                                 description="Caption images with a served captioner.")
     p.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     p.add_argument("--server", default="localhost:8500", help="gRPC host:port")

@@ -170,3 +170,20 @@ def test_quiet_tensorflow_start_up():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "2"
     assert result.stderr == ""
+
+
+def test_default_log_is_quiet(tmp_path):
+    # ExampleGen imports TensorFlow: only the stage's own lines and its bar may show.
+    result = _captioner("run", "--config", "tiny", "--root", str(tmp_path), "--stages",
+                        "ExampleGen", "--set", "data.num_images=12")
+    assert result.returncode == 0, result.stderr
+    lines = [l.strip() for l in result.stderr.replace("\r", "\n").splitlines() if l.strip()]
+    noise = [l for l in lines if not l.startswith(("[ExampleGen]", "ExampleGen:"))]
+    assert noise == [], result.stderr
+    assert "[ExampleGen] done" in result.stderr
+
+    # The root remembers the config: a later run without --config says which it uses.
+    again = _captioner("run", "--root", str(tmp_path), "--stages", "ExampleGen")
+    assert again.returncode == 0, again.stderr
+    assert "using config 'tiny' with --set data.num_images=12" in again.stderr
+    assert "[ExampleGen] cached" in again.stderr

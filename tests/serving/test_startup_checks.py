@@ -52,3 +52,16 @@ def test_port_in_use_is_named_before_loading(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"port {port} on 127.0.0.1 is in use" in err and "--port 0" in err
     startup_checks.check_port_free("127.0.0.1", 0, "gRPC", "--port")  # 0 is never taken
+
+
+def test_serve_and_caption_help_show_defaults():
+    from serving.client import _parser
+    from serving.flags import build_parser
+    serve_help = " ".join(build_parser().format_help().split())
+    for text in ("--port PORT gRPC port (0: any free) (default: 8500)",
+                 "--max_num_load_retries MAX_LOAD_RETRIES (default: 5)"):
+        assert text in serve_help
+    caption_help = " ".join(_parser().format_help().split())
+    assert "--timeout TIMEOUT (default: 30.0)" in caption_help
+    assert "--model-name MODEL_NAME (default: captioner)" in caption_help
+    assert "--json one JSON object per line --attention-out" in caption_help  # no default shown
