@@ -73,7 +73,10 @@ def _cmd_run(args) -> int:
     config_lib.check_paths(config, stages)
     from pipeline.runner import Runner
     runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg)
-    config_lib.write_root_config(args.root, label, overrides, config)
+    try:
+        config_lib.write_root_config(args.root, label, overrides, config)
+    except OSError:
+        pass  # an unwritable root: the runner says so, with what to do
     summary = runner.run(stages)
     print(f"run summary: {os.path.join(os.path.abspath(args.root), 'run_summary.json')}")
     for name, st in summary["stages"].items():
