@@ -189,14 +189,14 @@ def _cmd_tensorboard(args) -> int:
         print(" ".join(command))
         return 0
     print("captioner: " + " ".join(command), file=sys.stderr)
-    import shutil
-    exe = shutil.which("tensorboard")
-    argv = [exe] + command[1:] if exe else [sys.executable, "-m", "tensorboard.main"] + command[1:]
-    import subprocess
+    # In this process, so that the quiet default covers TensorFlow's start-up too.
+    sys.argv = command
+    from tensorboard import main as tensorboard_main
     try:
-        return subprocess.call(argv)
+        tensorboard_main.run_main()
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0
 
 
 def tensorboard_logdirs(root: str) -> list[tuple[str, str]]:
