@@ -17,12 +17,13 @@ from pipeline import dag
 
 
 def _quiet(verbose: bool, command: str | None) -> None:
-    """Quiet by default (`pipeline.quiet`); `--verbose` or CAPTIONER_VERBOSE=1 shows every log."""
+    """Quiet by default (`components.quiet`); `--verbose` or CAPTIONER_VERBOSE=1 shows every log."""
     if verbose or os.environ.get("CAPTIONER_VERBOSE") == "1":
         os.environ["CAPTIONER_VERBOSE"] = "1"
+        os.environ.pop("CAPTIONER_QUIET", None)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
         return
-    from pipeline import quiet
+    from components import quiet
     quiet.install(python_logs=command not in ("serve",))
 
 

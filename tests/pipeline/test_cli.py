@@ -150,28 +150,6 @@ def test_tensorboard_is_installed():
     import tensorboard  # noqa: F401  (install_requires)
 
 
-def test_native_log_lines_are_filtered():
-    from pipeline.quiet import filter_native_logs
-    text = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
-            "STDERR\n"
-            "I0000 00:00:1795691193.598091   18521 port.cc:153] oneDNN custom operations are on.\n"
-            "E0000 00:00:1795691196.546917   18521 cuda_platform.cc:52] failed call to cuInit\n"
-            "ImportError: a real problem\n")
-    assert filter_native_logs(text) == "ImportError: a real problem\n"
-
-
-def test_quiet_tensorflow_start_up():
-    code = ("from pipeline import quiet\nquiet.install()\nimport tensorflow as tf\n"
-            "import keras\nprint(int(tf.constant(1) + 1))")
-    env = _env()
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, cwd=REPO, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "2"
-    assert result.stderr == ""
-
-
 def test_default_log_is_quiet(tmp_path):
     # ExampleGen imports TensorFlow: only the stage's own lines and its bar may show.
     result = _captioner("run", "--config", "tiny", "--root", str(tmp_path), "--stages",

@@ -1,4 +1,4 @@
-"""The CLI's quiet default: library start-up chatter kept off the terminal.
+"""The quiet default of `captioner`: library start-up chatter kept off the terminal.
 
 TensorFlow's native libraries log a few lines (oneDNN, "Could not find cuda
 drivers", "All log messages before absl::InitializeLog()") while they load,
@@ -7,7 +7,8 @@ logger about optional modules it did not find. `install()` sets the
 environment for this process and its subprocesses, and captures the file
 descriptor 2 output of `import tensorflow` (wherever it first happens), then
 writes back what is not such a log line, so a real import error still shows.
-`captioner --verbose` skips all of this.
+`captioner --verbose` skips all of this. Processes the stages start
+themselves (the Trainer's child process) call `install_if_asked()` first.
 """
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def install(python_logs: bool = True) -> None:
         warnings about optional modules); False where the command configures
         logging itself (`serve`).
     """
+    os.environ["CAPTIONER_QUIET"] = "1"  # for `install_if_asked` in child processes
     # 3: errors too, which on a CPU-only host include "failed call to cuInit".
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -99,3 +101,9 @@ def install(python_logs: bool = True) -> None:
     if "tensorflow" not in sys.modules and not any(
             isinstance(f, _QuietFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietFinder())
+
+
+def install_if_asked() -> None:
+    """`install()` in a child process of a quiet `captioner` (CAPTIONER_QUIET=1)."""
+    if os.environ.get("CAPTIONER_QUIET") == "1":
+        install()
