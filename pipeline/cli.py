@@ -283,9 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = "--verbose" in argv[:1]
-    if verbose:
-        argv = argv[1:]
+    # `--verbose` before or after the subcommand (none of them has a flag of that name).
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
     _quiet(verbose, argv[0] if argv else None)
     try:
         status = _main(argv, verbose)

@@ -26,7 +26,7 @@ def _env():
 
 
 def _captioner(*args, **kw):
-    env = _env()
+    env = kw.pop("env", None) or _env()
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
                           text=True, env=env, cwd=kw.pop("cwd", REPO), timeout=120, **kw)
 
@@ -165,3 +165,13 @@ def test_default_log_is_quiet(tmp_path):
     assert again.returncode == 0, again.stderr
     assert "using config 'tiny' with --set data.num_images=12" in again.stderr
     assert "[ExampleGen] cached" in again.stderr
+
+
+def test_verbose_shows_the_library_logs(tmp_path):
+    result = _captioner("run", "--config", "tiny", "--root", str(tmp_path), "--stages",
+                        "ExampleGen", "--set", "data.num_images=12", "--verbose",
+                        env=dict(_env(), TF_CPP_MIN_LOG_LEVEL="0"))
+    assert result.returncode == 0, result.stderr
+    assert "[ExampleGen] done" in result.stderr
+    lines = [l for l in result.stderr.replace("\r", "\n").splitlines() if l.strip()]
+    assert [l for l in lines if not l.startswith(("[ExampleGen]", "ExampleGen:"))]
