@@ -175,3 +175,15 @@ def test_verbose_shows_the_library_logs(tmp_path):
     assert "[ExampleGen] done" in result.stderr
     lines = [l for l in result.stderr.replace("\r", "\n").splitlines() if l.strip()]
     assert [l for l in lines if not l.startswith(("[ExampleGen]", "ExampleGen:"))]
+
+
+def test_caption_loads_the_protos_without_tensorflow():
+    code = ("import sys\nfrom pipeline import cli\ntry:\n    cli.main(['caption', '--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "print('tensorflow' in sys.modules, 'serving.client' in sys.modules)\n"
+            "import tensorflow as tf\n"  # a later import still gets the real package
+            "print(int(tf.constant(1) + 1))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=_env(), cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-2:] == ["False True", "2"]
