@@ -17,6 +17,8 @@ setup(
         "apache-beam==2.77.0",
         "tensorflow-serving-api==2.21.0",
         "tensorflow-datasets==4.9.10",
+        # `captioner tensorboard`; TensorFlow 2.21 no longer installs it.
+        "tensorboard>=2.21,<2.22",
         # Beam's WriteToTFRecord needs a CRC32C implementation.
         "google-crc32c>=1.5",
         "grpcio-health-checking",

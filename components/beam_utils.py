@@ -336,11 +336,40 @@ def wait_with_progress(result, report: Callable[[], Optional[str]], interval: fl
         thread.join(timeout=1.0)
 
 
+# A progress bar the driver opened for DoFns that run in its own process
+# (the DirectRunner's in_memory and multi_threading modes); None otherwise.
+_LOCAL_BAR = None
+
+
+@contextlib.contextmanager
+def local_progress_bar(desc: str, total: int | None, unit: str):
+    """A tqdm bar (rate, ETA) on stderr that `ProgressLog`s in this process advance.
+
+    DoFns running in other processes (multi_processing, portable and remote
+    runners) do not see it and log lines instead.
+
+    Args:
+      desc: the bar's label.
+      total: the expected count (None: no ETA).
+      unit: what is counted.
+    """
+    global _LOCAL_BAR
+    from tqdm import tqdm
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, mininterval=0.5)
+    _LOCAL_BAR = bar
+    try:
+        yield bar
+    finally:
+        _LOCAL_BAR = None
+        bar.close()
+
+
 class ProgressLog:
     """Per-process progress lines from inside a DoFn, at most one per `interval` seconds.
 
     Worker-side, so it works on every runner (the lines go to the worker
-    logs on remote runners and to stderr locally).
+    logs on remote runners and to stderr locally). In the driver's own
+    process, inside `local_progress_bar`, it advances that bar instead.
     """
 
     def __init__(self, label: str, unit: str = "items", interval: float = 15.0):
@@ -350,6 +379,11 @@ class ProgressLog:
         self._lock = threading.Lock()
 
     def add(self, n: int = 1) -> None:
+        bar = _LOCAL_BAR
+        if bar is not None:
+            with self._lock:
+                bar.update(n)
+            return
         with self._lock:
             self.count += n
             now = time.monotonic()

@@ -236,7 +236,153 @@ def config_from_module(module: Any, label: str, overrides: Sequence[str] = ()) -
     config = module.get_config()
     if not isinstance(config, PipelineConfig):
         raise ConfigError(f"{label}: get_config() must return a PipelineConfig")
-    return apply_overrides(config, overrides)
+    return validate(apply_overrides(config, overrides))
+
+
+# Keys whose values come from a fixed list (the stages and models check the
+# same lists; tests/pipeline/test_config.py keeps the two in step).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.source": ("synthetic", "coco", "karpathy", "tfds"),
+    "encoder.kind": ("small_cnn", "keras_app"),
+    "preprocess.direct_running_mode": ("in_memory", "multi_threading", "multi_processing"),
+    "model.attention": ("soft", "hard"),
+    "model.reinforce_credit": ("sequence", "token"),
+    "model.reinforce_baseline": ("moving_average", "expected"),
+    "model.hard_inference": ("expected", "argmax"),
+    "train.strategy": ("default", "mirrored", "multi_worker"),
+    "train.optimizer": ("adam", "rmsprop"),
+    "train.lr_schedule": ("constant", "cosine"),
+    "train.early_stopping_metric": ("val_loss", "bleu4"),
+    "train.cache": ("auto", "true", "false"),
+    "train.mixed_precision": ("float32", "mixed_float16", "mixed_bfloat16"),
+}
+
+# The Evaluator's metrics that `eval.thresholds` may name (larger is better).
+CAPTION_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+# Computed only for data with object boxes (`data.source=synthetic`).
+GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
+EVAL_METRICS = CAPTION_METRICS + GROUNDING_METRICS
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """` (did you mean 'x'?)` for a near miss among `choices`, else ``."""
+    import difflib
+
+    def norm(text):  # BLEU4 ~ Bleu_4, Train.Epochs ~ train.epochs
+        return str(text).lower().replace("_", "").replace("-", "")
+    normalized = {norm(c): c for c in choices}
+    close = difflib.get_close_matches(norm(word), list(normalized), n=1, cutoff=0.6)
+    return f" (did you mean {normalized[close[0]]!r}?)" if close else ""
+
+
+def _choice_error(key: str, value: str, choices: Sequence[str]) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}"
+                       f"{did_you_mean(value, choices)}")
+
+
+def validate(config: PipelineConfig) -> PipelineConfig:
+    """Checks enumerated values, metric names and rules that span keys.
+
+    Runs when a config is resolved, so that a mistake is reported before any
+    stage runs. Paths are checked separately (`check_paths`), by the
+    commands that read them.
+
+    Args:
+      config: a resolved config.
+    Returns:
+      `config`, unchanged.
+    Raises:
+      ConfigError: the first problem, with the valid choices.
+    """
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if value not in choices:
+            raise _choice_error(key, value, choices)
+    data, model, ev = config.data, config.model, config.eval
+    for metric in ev.thresholds:
+        if metric not in EVAL_METRICS:
+            raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
+                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
+        if metric in GROUNDING_METRICS and data.source != "synthetic":
+            raise ConfigError(f"eval.thresholds: {metric} is computed only for "
+                              f"data.source=synthetic (it needs object boxes), not "
+                              f"{data.source!r}")
+    if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
+        raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
+                          "it needs model.reinforce_credit=token")
+    if not 1 <= data.min_objects <= data.max_objects <= 3:
+        raise ConfigError(f"data.min_objects={data.min_objects} and data.max_objects="
+                          f"{data.max_objects}: need 1 <= min_objects <= max_objects <= 3")
+    if data.val_fraction < 0 or data.test_fraction < 0 or \
+            data.val_fraction + data.test_fraction >= 1:
+        raise ConfigError(f"data.val_fraction={data.val_fraction} + data.test_fraction="
+                          f"{data.test_fraction} must be >= 0 and leave images for train (< 1)")
+    if config.encoder.kind == "small_cnn":
+        enc = config.encoder
+        ratio = enc.image_size / max(enc.grid_size, 1)
+        if enc.grid_size < 1 or ratio < 2 or ratio != int(ratio) or int(ratio) & (int(ratio) - 1):
+            raise ConfigError(f"encoder.image_size={enc.image_size} must be encoder.grid_size="
+                              f"{enc.grid_size} times a power of two (at least 2)")
+    positive = {"train.batch_size": config.train.batch_size,
+                "encoder.batch_size": config.encoder.batch_size,
+                "eval.batch_size": ev.batch_size, "eval.beam_size": ev.beam_size,
+                "eval.max_length": ev.max_length, "train.epochs": config.train.epochs,
+                "preprocess.max_batch_size": config.preprocess.max_batch_size}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if config.preprocess.min_batch_size > config.preprocess.max_batch_size:
+        raise ConfigError(f"preprocess.min_batch_size={config.preprocess.min_batch_size} is "
+                          f"above preprocess.max_batch_size={config.preprocess.max_batch_size}")
+    return config
+
+
+# Paths each stage reads: (stage, key, "file" | "dir").
+_PATH_KEYS = (("ExampleGen", "data.captions_json", "file"),
+              ("ExampleGen", "data.images_dir", "dir"),
+              ("ExampleGen", "data.tfds_data_dir", "dir"),
+              ("EncoderTrainer", "encoder.weights", "file"))
+
+
+def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> None:
+    """Checks that every path the config names (for `stages`; default all) exists.
+
+    Args:
+      config: a resolved config.
+      stages: the stages about to run; paths only other stages read are skipped.
+    Raises:
+      ConfigError: naming the key, the path and what was expected there.
+    """
+    source = config.data.source
+    if (stages is None or "ExampleGen" in stages) and source in ("coco", "karpathy") \
+            and not config.data.captions_json:
+        what = "captions_*.json" if source == "coco" else "dataset_*.json"
+        raise ConfigError(f"data.source={source} needs data.captions_json (the {what} "
+                          "file) and data.images_dir, e.g. --set data.captions_json=PATH "
+                          "--set data.images_dir=DIR")
+    used_by_source = {"data.captions_json": source in ("coco", "karpathy"),
+                      "data.images_dir": source in ("coco", "karpathy"),
+                      "data.tfds_data_dir": source == "tfds"}
+    for stage, key, kind in _PATH_KEYS:
+        if stages is not None and stage not in stages:
+            continue
+        if not used_by_source.get(key, True):
+            continue
+        section, name = key.split(".")
+        path = getattr(getattr(config, section), name)
+        if key == "encoder.weights" and (config.encoder.kind != "keras_app"
+                                         or path.lower() in ("", "none", "imagenet")):
+            continue
+        if not path:
+            continue
+        exists = os.path.isfile(path) if kind == "file" else os.path.isdir(path)
+        if not exists:
+            what = "a file" if kind == "file" else "a folder"
+            found = (" (it is a folder)" if kind == "file" and os.path.isdir(path) else
+                     " (it is a file)" if kind == "dir" and os.path.isfile(path) else
+                     " (it does not exist)")
+            raise ConfigError(f"{key}={path!r}: expected {what}{found}")
 def _coerce(value: str, typ: Any, where: str) -> Any:
     """Parses a command-line string into the field's declared type."""
     origin = typing.get_origin(typ)
@@ -306,14 +452,19 @@ def apply_overrides(config: PipelineConfig, overrides: Sequence[str]) -> Pipelin
             continue
         parts = key.split(".")
         if len(parts) != 2 or parts[0] not in SECTIONS:
+            hint = did_you_mean(key, valid_keys())
+            if hint:
+                raise ConfigError(f"unknown config key {key!r}{hint}; sections: "
+                                  f"{', '.join(SECTIONS)} (`captioner config --reference` "
+                                  "lists every key)")
             raise ConfigError(f"unknown config key {key!r}; valid keys:\n  "
                               + "\n  ".join(valid_keys()))
         section_name, field_name = parts
         section = getattr(config, section_name)
         types = _field_types(type(section))
         if field_name not in types:
-            raise ConfigError(f"unknown config key {key!r}; valid keys in "
-                              f"[{section_name}]: {', '.join(sorted(types))}")
+            raise ConfigError(f"unknown config key {key!r}{did_you_mean(field_name, types)}; "
+                              f"valid keys in [{section_name}]: {', '.join(sorted(types))}")
         new_value = _coerce(value, types[field_name], key)
         section = dataclasses.replace(section, **{field_name: new_value})
         config = dataclasses.replace(config, **{section_name: section})

@@ -19,6 +19,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from components import schema
 from models import text as text_lib
@@ -130,7 +131,21 @@ def image_word_dataset(files, index: dict, image_size: int, *, shuffle_buffer: i
     return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print):
+def _StepBar(bar):
+    """A Keras callback advancing `bar` (a tqdm) by one step per train batch, loss shown."""
+    import keras
+
+    class StepBar(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            bar.update(1)
+            if logs and "loss" in logs:
+                bar.set_postfix(loss=f"{float(logs['loss']):.4f}", refresh=False)
+
+    return StepBar()
+
+
+def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
+                       steps_per_epoch: int | None = None):
     """Trains the small CNN on word presence until val mAP stops improving.
 
     Args:
@@ -138,6 +153,8 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print):
       val_ds: batched `(images, targets)` of the held-out images, in `val_y` order.
       val_y: `(N_val, K)` targets of `val_ds`, for the mean average precision.
       config: `EncoderConfig`.
+      log: one line of progress text.
+      steps_per_epoch: batches per epoch, for the progress bar (None: unknown).
     Returns:
       (trained backbone, best val mAP, epochs run, history list).
     """
@@ -153,7 +170,11 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print):
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         start = time.time()
-        fit = model.fit(train_ds, epochs=1, verbose=1 if sys.stderr.isatty() else 0)
+        # shuffle=False: the dataset shuffles itself (Keras would warn otherwise).
+        with tqdm(total=steps_per_epoch, desc=f"EncoderTrainer epoch {epoch}",
+                  unit="step", file=sys.stderr, leave=False) as bar:
+            fit = model.fit(train_ds, epochs=1, verbose=0, shuffle=False,
+                            callbacks=[_StepBar(bar)])
         scores = model.predict(val_images, verbose=0)
         val_map = mean_average_precision(scores, val_y)
         history.append({"epoch": epoch, "loss": float(fit.history["loss"][-1]),
@@ -210,7 +231,9 @@ def train_from_examples(examples_uri: str, config, log=print) -> tuple:
                 .batch(config.batch_size).prefetch(2))
     val_ds = (image_word_dataset(val_files, index, config.image_size, limit=len(val_sets))
               .batch(256).prefetch(2))
-    backbone, val_map, epochs, history = train_word_encoder(train_ds, val_ds, val_y, config, log)
+    backbone, val_map, epochs, history = train_word_encoder(
+        train_ds, val_ds, val_y, config, log,
+        steps_per_epoch=-(-n_train // config.batch_size))
     properties = {"val_map": val_map, "chance_map": chance, "epochs": epochs,
                   "history": history, "words": words}
     counts = {"encoder_train_images": int(n_train), "encoder_val_images": len(val_sets),

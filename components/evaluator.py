@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Iterator
@@ -29,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from components import io_utils, schema
-from components.metrics.coco import coco_metrics
+from components.metrics.coco import SCORING_STEPS, coco_metrics
 from components.metrics.grounding import grounding_metrics, merge_grounding
 from models.text import decode_words
 
@@ -285,7 +286,17 @@ def run(ctx) -> dict:
     references = {r["image_id"]: r["references"] for r in rows}
     log(f"[Evaluator] decoded {len(rows)} test images in {decode_seconds:.1f}s "
         f"(beam {cfg.beam_size}); scoring with the coco-caption toolkit")
-    metrics = coco_metrics(predictions, references)
+    with tqdm(total=len(SCORING_STEPS) - (0 if shutil.which("java") else 2),
+              desc="Evaluator scoring", unit="step", file=sys.stderr, leave=False) as bar:
+        begun = []
+
+        def step(name):  # a step begins: the one before it is done
+            if begun:
+                bar.update(1)
+            begun.append(name)
+            bar.set_postfix_str(name)
+        metrics = coco_metrics(predictions, references, progress=step)
+        bar.update(bar.total - bar.n)
     notes = metrics.pop("notes", [])
     if grounding is not None:
         metrics.update(grounding)

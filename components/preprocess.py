@@ -20,6 +20,7 @@ Record formats: docs/ARTIFACTS.md; running on other runners: docs/beam.md.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -356,6 +357,12 @@ def _grid_shape(encoder_path: str, properties: Mapping) -> list[int]:
     return [int(v) for v in model.output_shape[1:]]
 
 
+def _wait(result):
+    """The final state of a job that already finished (the in-process DirectRunner), else None."""
+    from apache_beam.runners.runner import PipelineState
+    return result.state if PipelineState.is_terminal(result.state) else None
+
+
 def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -410,7 +417,14 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
                        grid_shape=grid_shape, config=config,
                        annotations_uri=annotations_uri, vocabulary_uri=vocabulary_uri,
                        large_model=large_model)
-        result = p.run()
+        total = (sum(int(examples_counts.get(s) or 0) for s in splits)
+                 if examples_counts else None) or None
+        in_process = (beam_utils.runner_name(runner) == "DirectRunner"
+                      and config.direct_running_mode != "multi_processing")
+        with (beam_utils.local_progress_bar(NAMESPACE, total, "img") if in_process
+              else contextlib.nullcontext()):
+            result = p.run()
+            state = _wait(result)
 
         def report():
             c = beam_utils.counters(result, NAMESPACE) or {}
@@ -418,7 +432,8 @@ def run_preprocess(examples_uri: str, encoder_uri: str, config, annotations_uri:
             done = sum(v for k, v in c.items() if k.endswith("_accepted"))
             return f"[{NAMESPACE}] {seen} images read, {done} encoded" if seen else None
 
-        state = beam_utils.wait_with_progress(result, report, log=_log)
+        if state is None:
+            state = beam_utils.wait_with_progress(result, report, log=_log)
         if state != "DONE":
             raise RuntimeError(f"Preprocess Beam job ended in state {state}")
         # Queried before the block ends: a local job service stops with it.

@@ -166,14 +166,24 @@ def _export(ctx, path: str, record: dict) -> None:
     import models.encoder  # noqa: F401  (registers the custom layers)
     import models.show_attend_tell  # noqa: F401
     from serving.export import export_saved_model
+    from tqdm import tqdm
     cfg = ctx.config.push
-    decoder = keras.saving.load_model(schema.model_file(ctx.inputs["model"].uri))
-    encoder = keras.saving.load_model(ctx.inputs["encoder"].path(schema.ENCODER_FILE))
-    vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
-    export_saved_model(path, encoder, decoder, vocabulary, **record["export"]["decoding"],
-                       model_name=cfg.model_name, num_warmup_requests=cfg.num_warmup_requests)
-    from serving.infra_validator import InfraValidationError, validate
-    report = validate(path)
+    # Three steps of seconds to minutes each: a bar that names the one running.
+    with tqdm(total=3, desc="Pusher", unit="step", file=sys.stderr, leave=False) as bar:
+        bar.set_postfix_str("load")
+        decoder = keras.saving.load_model(schema.model_file(ctx.inputs["model"].uri))
+        encoder = keras.saving.load_model(ctx.inputs["encoder"].path(schema.ENCODER_FILE))
+        vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
+        bar.update(1)
+        bar.set_postfix_str("export SavedModel")
+        export_saved_model(path, encoder, decoder, vocabulary, **record["export"]["decoding"],
+                           model_name=cfg.model_name,
+                           num_warmup_requests=cfg.num_warmup_requests)
+        bar.update(1)
+        bar.set_postfix_str("infra validation")
+        from serving.infra_validator import InfraValidationError, validate
+        report = validate(path)
+        bar.update(1)
     if not report["ok"]:
         raise InfraValidationError(report["reason"])
     record = dict(record, infra_validation=report)

@@ -2,7 +2,8 @@
 
 Subcommands: `run` (pipeline stages), `inspect` (metadata store), `serve`
 (TF-Serving-compatible server), `caption` (gRPC client), `config` (show a
-resolved config or the reference of every key), `demo` (the whole main job).
+resolved config or the reference of every key), `tensorboard` (the training
+logs of a pipeline root), `demo` (the whole main job).
 """
 from __future__ import annotations
 
@@ -15,27 +16,68 @@ from pipeline import config as config_lib
 from pipeline import dag
 
 
-def _quiet_tensorflow() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+def _quiet(verbose: bool, command: str | None) -> None:
+    """Quiet by default (`components.quiet`); `--verbose` or CAPTIONER_VERBOSE=1 shows every log."""
+    if verbose or os.environ.get("CAPTIONER_VERBOSE") == "1":
+        os.environ["CAPTIONER_VERBOSE"] = "1"
+        os.environ.pop("CAPTIONER_QUIET", None)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
+        return
+    from components import quiet
+    quiet.install(python_logs=command not in ("serve",))
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="demo",
-                   help=f"named config ({', '.join(config_lib.named_configs())}) or a .py path")
+def _add_config_args(p: argparse.ArgumentParser, default: str | None = "demo") -> None:
+    p.add_argument("--config", default=default,
+                   help=f"named config ({', '.join(config_lib.named_configs())}) or a .py path"
+                   + ("; default: the config the root was last run with, else demo"
+                      if default is None else ""))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="override a config value, e.g. --set train.batch_size=8 (repeatable)")
 
 
+def _resolve_run_config(args) -> tuple[config_lib.PipelineConfig, str, list[str]]:
+    """The config of `captioner run`: `--config`, else the one recorded in the root, else demo.
+
+    Says on stderr which config is used when it comes from the root, and
+    which keys differ from the root's when `--config` changes them.
+    """
+    record = config_lib.read_root_config(args.root)
+    recorded = config_lib.from_dict(record["resolved"]) if record else None
+    where = os.path.join(args.root, config_lib.ROOT_CONFIG_FILE)
+    if args.config is None and recorded is not None:
+        config = config_lib.validate(config_lib.apply_overrides(recorded, args.overrides))
+        label, overrides = record["config"], list(record["overrides"]) + list(args.overrides)
+        print(f"captioner: using config {label!r}"
+              + (f" with {' '.join('--set ' + o for o in record['overrides'])}"
+                 if record["overrides"] else "")
+              + f", recorded in {where} (--config to change it)", file=sys.stderr)
+    else:
+        label, overrides = args.config or "demo", list(args.overrides)
+        config = config_lib.load_config(label, overrides)
+    if recorded is not None:
+        changed = config_lib.config_differences(recorded, config)
+        if changed:
+            print(f"captioner: this config differs from the one {args.root} was last run with "
+                  f"({record['config']!r}): " + "; ".join(changed), file=sys.stderr)
+    return config, label, overrides
+
+
 def _cmd_run(args) -> int:
-    from pipeline.runner import Runner
-    config = config_lib.load_config(args.config, args.overrides)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     for name in stages or []:
         if name not in dag.STAGE_NAMES:
             raise config_lib.ConfigError(
-                f"unknown stage {name!r}; stages: {', '.join(dag.STAGE_NAMES)}")
+                f"unknown stage {name!r}; stages: {', '.join(dag.STAGE_NAMES)}"
+                f"{config_lib.did_you_mean(name, dag.STAGE_NAMES)}")
+    config, label, overrides = _resolve_run_config(args)
+    config_lib.check_paths(config, stages)
+    from pipeline.runner import Runner
     runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg)
+    try:
+        config_lib.write_root_config(args.root, label, overrides, config)
+    except OSError:
+        pass  # an unwritable root: the runner says so, with what to do
     summary = runner.run(stages)
     print(f"run summary: {os.path.join(os.path.abspath(args.root), 'run_summary.json')}")
     for name, st in summary["stages"].items():
@@ -49,6 +91,8 @@ def _cmd_run(args) -> int:
                                         for k, v in shown.items()))
     if "blessed" in summary and not summary["blessed"]:
         print("  model NOT blessed: nothing was pushed (see the Blessing artifact for reasons)")
+    if "Trainer" in summary["stages"]:
+        print(f"  training curves: captioner tensorboard --root {args.root}")
     return 0
 
 
@@ -133,42 +177,164 @@ def serve_argv(argv: list[str]) -> list[str]:
     return prefix + rest
 
 
+def _cmd_tensorboard(args) -> int:
+    logdirs = tensorboard_logdirs(args.root)
+    if not logdirs:
+        print(f"captioner: no TensorBoard logs under {args.root}: run the Trainer first "
+              f"(captioner run --root {args.root})", file=sys.stderr)
+        return 1
+    spec = ",".join(f"{name}:{path}" for name, path in logdirs)
+    command = ["tensorboard", f"--logdir_spec={spec}", "--port", str(args.port),
+               "--host", args.host]
+    if args.print_only:
+        print(" ".join(command))
+        return 0
+    print("captioner: " + " ".join(command), file=sys.stderr)
+    # In this process, so that the quiet default covers TensorFlow's start-up too.
+    sys.argv = command
+    from tensorboard import main as tensorboard_main
+    try:
+        tensorboard_main.run_main()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def tensorboard_logdirs(root: str) -> list[tuple[str, str]]:
+    """(run name, folder) of every Trainer and EncoderTrainer TensorBoard log folder in `root`.
+
+    A run is named `<stage>-<execution id>`; published executions and the
+    unpublished folder of one still running are both found.
+    """
+    found = []
+    for stage in ("EncoderTrainer", "Trainer"):
+        stage_dir = os.path.join(root, stage)
+        if not os.path.isdir(stage_dir):
+            continue
+        for dirpath, dirnames, filenames in sorted(os.walk(stage_dir)):
+            dirnames.sort()
+            if any(f.startswith("events.out.tfevents") for f in filenames):
+                rel = os.path.relpath(dirpath, stage_dir)
+                top = rel.split(os.sep)[0]
+                # One run per execution: the folder holding its event files' parents.
+                run_dir = os.path.join(stage_dir, top)
+                name = f"{stage}-{top.replace('.tmp-', 'running-')}"
+                if (name, run_dir) not in found and not top.startswith(".work"):
+                    found.append((name, run_dir))
+    return found
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default (none for flags that are off unless given)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, [], "", argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="captioner", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="captioner", description=__doc__.splitlines()[0],
+                                     formatter_class=_Formatter)
+    parser.add_argument("--verbose", action="store_true",
+                        help="show TensorFlow, absl, Beam and Keras logs and warnings")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run pipeline stages (with caching)")
-    _add_config_args(p)
+    def add(name, **kw):
+        return sub.add_parser(name, formatter_class=_Formatter, **kw)
+
+    p = add("run", help="run pipeline stages (with caching)")
+    _add_config_args(p, default=None)
     p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
     p.add_argument("--stages", default="",
-                   help=f"comma-separated subset of {','.join(dag.STAGE_NAMES)}")
+                   help=f"comma-separated subset of {','.join(dag.STAGE_NAMES)} (default: all)")
     p.add_argument("--no-cache", action="store_true", help="re-run every selected stage")
     p.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
                    help="extra Beam pipeline option, e.g. --beam-arg=--runner=FlinkRunner")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("inspect", help="show executions, artifacts and lineage")
-    p.add_argument("--root", default="pipeline_root")
-    p.add_argument("--json", action="store_true")
+    p = add("inspect", help="show executions, artifacts and lineage")
+    p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_cmd_inspect)
 
-    p = sub.add_parser("config", help="print a resolved config, or --reference for every key")
+    p = add("config", help="print a resolved config, or --reference for every key")
     _add_config_args(p)
-    p.add_argument("--reference", action="store_true")
+    p.add_argument("--reference", action="store_true",
+                   help="print the reference table of every key instead")
     p.set_defaults(func=_cmd_config)
 
-    p = sub.add_parser("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
+    p = add("tensorboard", help="TensorBoard on the Trainer's and EncoderTrainer's logs")
+    p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
+    p.add_argument("--port", type=int, default=6006, help="TensorBoard's port")
+    p.add_argument("--host", default="127.0.0.1", help="TensorBoard's bind address")
+    p.add_argument("--print-only", action="store_true",
+                   help="print the tensorboard command instead of running it")
+    p.set_defaults(func=_cmd_tensorboard)
+
+    p = add("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
     p.set_defaults(func=None, delegate="serving.server:main")
-    p = sub.add_parser("caption", help="caption images through a gRPC server", add_help=False)
+    p = add("caption", help="caption images through a gRPC server", add_help=False)
     p.set_defaults(func=None, delegate="serving.client:caption_main")
-    p = sub.add_parser("demo", help="the whole main job on the synthetic data", add_help=False)
+    p = add("demo", help="the whole main job on the synthetic data", add_help=False)
     p.set_defaults(func=None, delegate="pipeline.demo:main")
     return parser
 
 
 def main(argv=None) -> int:
-    _quiet_tensorflow()
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `--verbose` before or after the subcommand (none of them has a flag of that name).
+    verbose = "--verbose" in argv
+    argv = [a for a in argv if a != "--verbose"]
+    _quiet(verbose, argv[0] if argv else None)
+    try:
+        status = _main(argv, verbose)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught
+        return status
+    except BrokenPipeError:
+        # `captioner config | head`: the reader left; say nothing more, and
+        # keep the flush at exit from failing again.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except OSError:
+            pass
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe ended
+
+
+def _serving_protos_without_tensorflow() -> None:
+    """Imports TF Serving's protos without running TensorFlow's `__init__` (seconds).
+
+    `captioner caption` needs only the protos under `tensorflow/core`, which
+    `tensorflow_serving.apis` imports through the `tensorflow` package. A
+    placeholder package stands in while they load and is then removed, so a
+    later `import tensorflow` still imports the real one.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    import importlib.util
+    import types
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    stub = types.ModuleType("tensorflow")
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    sys.modules["tensorflow"] = stub
+    try:
+        from tensorflow_serving.apis import (get_model_metadata_pb2,  # noqa: F401
+                                             get_model_status_pb2, model_pb2,
+                                             model_service_pb2_grpc, predict_pb2,
+                                             prediction_service_pb2_grpc)
+        from tensorflow.core.framework import tensor_pb2, types_pb2  # noqa: F401
+    except ImportError:
+        pass  # the ordinary import below reports it
+    finally:
+        if sys.modules.get("tensorflow") is stub:
+            del sys.modules["tensorflow"]
+
+
+def _main(argv: list[str], verbose: bool) -> int:
     parser = build_parser()
     # serve / caption / demo own their flags: hand them the rest of the line.
     if argv and argv[0] in ("serve", "caption", "demo"):
@@ -176,6 +342,8 @@ def main(argv=None) -> int:
         module, func = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
                         "demo": "pipeline.demo:main"}[argv[0]].split(":")
         rest = argv[1:]
+        if argv[0] == "caption":
+            _serving_protos_without_tensorflow()
         if argv[0] == "serve":
             try:
                 rest = serve_argv(rest)

@@ -31,7 +31,10 @@ artifact folder holding an `artifact.json`:
 An execution is assembled in `<root>/<Stage>/.tmp-<execution_id>/` and
 published with one atomic `rename`; folders whose name starts with `.` are
 never read. The metadata store `<root>/metadata.sqlite` records executions,
-artifacts and lineage events (`captioner inspect`).
+artifacts and lineage events (`captioner inspect`). `<root>/pipeline_config.json`
+holds the config `captioner run` last ran in this root (`{"config": name or
+path, "overrides": [...], "resolved": {...}}`); `run` without `--config`
+uses it.
 
 Keys, file names and codecs below are those of `components/schema.py`;
 read and write records through it.

@@ -232,6 +232,8 @@ class Runner:
         for name in selected:
             if name not in self.specs:
                 raise StageError(f"unknown stage {name!r}; stages: {', '.join(self.specs)}")
+        # Paths the config names, before anything is recorded (a config error, not a failure).
+        config_lib.check_paths(self.config, selected)
         _check_writable(self.root)
         store = MetadataStore(os.path.join(self.root, "metadata.sqlite"))
         current = None  # the stage being resolved or run

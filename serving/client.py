@@ -43,6 +43,17 @@ _HINTS = {
 }
 
 
+# What gRPC says when the peer answers in HTTP/1.x (a REST port, a web server).
+_HTTP1_MARKERS = ("Failed parsing HTTP/2", "Trying to connect an http1.x server",
+                  "Expected SETTINGS frame")
+
+
+def is_http1_peer(code: grpc.StatusCode, details: str) -> bool:
+    """True when a failed call reached an HTTP/1.x server instead of a gRPC one."""
+    return code == grpc.StatusCode.UNAVAILABLE and any(m in (details or "")
+                                                       for m in _HTTP1_MARKERS)
+
+
 class CaptionError(Exception):
     """A failed call, with the gRPC status code and the server's details.
 
@@ -59,6 +70,9 @@ class CaptionError(Exception):
         self.method = method
         self.target = target
         hint = _HINTS.get(code)
+        if is_http1_peer(code, self.details):
+            hint = ("that is an HTTP/1.1 port, such as the REST port (8501 by default): "
+                    "give the gRPC port (8500 by default) to --server")
         message = f"{method} on {target} failed: {code.name}: {self.details}"
         super().__init__(message + (f" ({hint})" if hint else ""))
 
@@ -151,7 +165,9 @@ class CaptionClient:
             except grpc.RpcError as e:
                 code = e.code() if callable(getattr(e, "code", None)) else grpc.StatusCode.UNKNOWN
                 details = e.details() if callable(getattr(e, "details", None)) else str(e)
-                if code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < self.max_attempts:
+                # An HTTP/1.x peer will not turn into a gRPC server: no retry.
+                if (code == grpc.StatusCode.UNAVAILABLE and attempt + 1 < self.max_attempts
+                        and not is_http1_peer(code, details)):
                     time.sleep(delay * random.uniform(0.8, 1.2))
                     delay = min(delay * 2, self.max_backoff)
                     continue
@@ -283,7 +299,8 @@ class CaptionClient:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="captioner caption",
+    from serving.flags import DefaultsHelpFormatter
+    p = argparse.ArgumentParser(prog="captioner caption", formatter_class=DefaultsHelpFormatter,
                                 description="Caption images with a served captioner.")
     p.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     p.add_argument("--server", default="localhost:8500", help="gRPC host:port")
@@ -307,12 +324,19 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
     """
     args = _parser().parse_args(argv)
     items, failures = [], 0
+
+    def failed(path: str, error: str) -> None:
+        # stderr always; with --json also a line on stdout, so every image has one.
+        print(f"{path}: {error}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps({"image": path, "error": error}), flush=True)
+
     for path in args.images:
         try:
             with open(path, "rb") as f:
                 items.append((path, f.read()))
         except OSError as e:
-            print(f"{path}: cannot read: {e.strerror or e}", file=sys.stderr)
+            failed(path, f"cannot read: {e.strerror or e}")
             failures += 1
     if args.attention_out:
         os.makedirs(args.attention_out, exist_ok=True)
@@ -328,6 +352,9 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
             except CaptionError as e:
                 if e.code != grpc.StatusCode.INVALID_ARGUMENT:
                     print(f"captioner caption: {e}", file=sys.stderr)
+                    if args.json:  # the images not captioned, one line each
+                        for path, _ in items[start:]:
+                            print(json.dumps({"image": path, "error": str(e)}), flush=True)
                     return 1
                 pairs = []
                 for item in chunk:  # find the image the server refused
@@ -335,9 +362,12 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
                         pairs.append((item, client.caption([item[1]],
                                                            attention=want_attention)[0]))
                     except CaptionError as one:
-                        print(f"{item[0]}: {one.code.name}: {one.details}", file=sys.stderr)
-                        failures += 1
+                        pairs.append((item, f"{one.code.name}: {one.details}"))
             for (path, data), result in pairs:
+                if isinstance(result, str):  # this image was refused (in input order)
+                    failed(path, result)
+                    failures += 1
+                    continue
                 figure = None
                 if want_attention and result["attention"] is not None:
                     from serving.attention_figure import save_attention_figure

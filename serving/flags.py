@@ -14,6 +14,7 @@ into flags placed before the user's, so the user's win.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
@@ -128,10 +129,31 @@ class _RestApiPort(argparse.Action):
         setattr(namespace, self.dest, -1 if value == 0 else value)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`--help` shows every flag's default (unless its help already names it)."""
+
+    @staticmethod
+    def _shows_default(action) -> bool:
+        return bool(action.option_strings) and action.default not in (None, argparse.SUPPRESS) \
+            and not (action.nargs == 0 and action.default is False)  # on/off switches
+
+    def _format_action(self, action):
+        if not action.help and self._shows_default(action):  # argparse skips empty help
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or not self._shows_default(action):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `captioner serve` argument parser (both flag styles)."""
     p = argparse.ArgumentParser(
-        prog="captioner serve", allow_abbrev=False,
+        prog="captioner serve", allow_abbrev=False, formatter_class=DefaultsHelpFormatter,
         description="Serve SavedModel versions over TF Serving's gRPC and REST APIs. "
                     "tensorflow_model_server's flags are accepted too.")
     flag = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")

@@ -463,6 +463,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
     except (ValueError, OSError) as e:
         parser.error(str(e))
+    # Before any model loads: a missing folder or a taken port ends the start
+    # here; a folder without versions is named (the server still starts).
+    from serving import startup_checks
+    try:
+        if args.model_base_path:
+            warning = startup_checks.check_model_base_path(args.model_base_path)
+            if warning:
+                print(f"captioner serve: warning: {warning}", file=sys.stderr, flush=True)
+        startup_checks.check_port_free(args.host, args.port, "gRPC", "--port")
+        if args.rest_port > 0:
+            startup_checks.check_port_free(args.host, args.rest_port, "REST", "--rest-port")
+    except startup_checks.StartupError as e:
+        print(f"captioner serve: {e}", file=sys.stderr)
+        return 1
     if args.intra_op or args.inter_op:
         import tensorflow as tf
         if args.intra_op:

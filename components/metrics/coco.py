@@ -21,11 +21,13 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from typing import Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 from models.text import normalize
 
 
+# What `coco_metrics(progress=...)` reports, in order.
+SCORING_STEPS = ("tokenize", "Bleu", "ROUGE_L", "CIDEr", "METEOR")
 METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 SPICE_NOTE = ("SPICE not computed: it needs Stanford CoreNLP models downloaded at run "
               "time (pycocoevalcap/spice/get_stanford_models.py).")
@@ -37,7 +39,8 @@ _EMPTY = "emptycaption"
 def coco_metrics(predictions: Mapping[Hashable, str],
                  references: Mapping[Hashable, Sequence[str]],
                  *, use_java: bool | None = None,
-                 per_image: bool = False) -> dict:
+                 per_image: bool = False,
+                 progress: Callable[[str], None] | None = None) -> dict:
     """Scores generated captions against references with the coco-caption toolkit.
 
     Args:
@@ -47,6 +50,8 @@ def coco_metrics(predictions: Mapping[Hashable, str],
       use_java: None = use Java if `java` is on the PATH; False = the pure
         Python fallback (simple tokenization, no METEOR).
       per_image: also return ``per_image``: id -> {metric: score}.
+      progress: called with each scoring step's name before it runs
+        (`SCORING_STEPS`; METEOR and the tokenizer only with Java).
     Returns:
       ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE": float or
       None, "num_images": int, "tokenizer": "ptb" | "simple", "notes": [str]}``
@@ -74,7 +79,9 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     res = {i: [_nonempty(predictions[i])] for i in ids}
     gts = {i: [_nonempty(r) for r in references[i]] for i in ids}
     tokenizer = "simple"
+    step = progress or (lambda name: None)
     if use_java:
+        step("tokenize")
         try:
             res, gts = _ptb_tokenize(res), _ptb_tokenize(gts)
             tokenizer = "ptb"
@@ -86,15 +93,19 @@ def coco_metrics(predictions: Mapping[Hashable, str],
 
     out: dict = {k: None for k in METRIC_KEYS}
     scores: dict[str, list[float]] = {}
+    step("Bleu")
     bleu, bleu_each = Bleu(4).compute_score(gts, res, verbose=0)
     for n in range(4):
         out[f"Bleu_{n + 1}"] = float(bleu[n])
         scores[f"Bleu_{n + 1}"] = [float(s) for s in bleu_each[n]]
+    step("ROUGE_L")
     rouge, rouge_each = Rouge().compute_score(gts, res)
     out["ROUGE_L"], scores["ROUGE_L"] = float(rouge), [float(s) for s in rouge_each]
+    step("CIDEr")
     cider, cider_each = Cider().compute_score(gts, res)
     out["CIDEr"], scores["CIDEr"] = float(cider), [float(s) for s in cider_each]
     if use_java:
+        step("METEOR")
         try:
             meteor, meteor_each = _meteor(gts, res)
             out["METEOR"], scores["METEOR"] = meteor, meteor_each

@@ -1,6 +1,10 @@
 """`python -m components.trainer` (see components/trainer/worker.py)."""
 import sys
 
-from components.trainer.worker import main
+from components import quiet
+
+quiet.install_if_asked()  # before anything imports TensorFlow
+
+from components.trainer.worker import main  # noqa: E402
 
 sys.exit(main())

@@ -77,9 +77,11 @@ def export(run: TrainedRun) -> dict:
     counts = {"train_examples": int(run.train_examples), "steps": steps,
               "val_examples": int(run.val_examples)}
     if run.role.is_chief:
-        run.log(f"{LOG} wrote {run.output_uri}: {steps} steps, best "
-                f"{run.config.train.early_stopping_metric} {properties['best_metric']} at "
-                f"epoch {properties['best_epoch']}")
+        # No path: the output folder is renamed when the runner publishes it.
+        best = properties["best_metric"]
+        run.log(f"{LOG} model written: {steps} steps"
+                + (f", best {run.config.train.early_stopping_metric} {best:.4f} at epoch "
+                   f"{properties['best_epoch'] + 1}" if best is not None else ""))
     else:
         run.log(f"{LOG} {run.role.task_type}:{run.role.task_id} done after {steps} steps "
                 f"(weights {properties['weights_digest'][:12]})")

@@ -223,8 +223,9 @@ class TrainingLoop:
             latest = self.manager.latest_checkpoint
             self.checkpoint.restore(latest).assert_existing_objects_matched()
             self.resumed_from = int(self.state.step.numpy())
+            # Logs count epochs from 1 (the state counts from 0), as EncoderTrainer does.
             self.log(f"{LOG} resuming from step {self.resumed_from} (epoch "
-                     f"{int(self.state.epoch.numpy())}, step "
+                     f"{int(self.state.epoch.numpy()) + 1}, step "
                      f"{int(self.state.step_in_epoch.numpy())} of it): {latest}")
         if self.multi_worker:
             # Only the chief reads checkpoints; it hands its state to the others.
@@ -354,7 +355,7 @@ class TrainingLoop:
             metrics = self._validate()
             row.update(metrics)
             note = self._select_best(metrics[tcfg.early_stopping_metric], epoch)
-            self.say(f"{LOG} epoch {epoch}: loss {row['train_loss'] or float('nan'):.4f}, "
+            self.say(f"{LOG} epoch {epoch + 1}: loss {row['train_loss'] or float('nan'):.4f}, "
                      + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
         if self.chief:
             checkpointing.append_history(self.work_dir, row)
@@ -385,7 +386,7 @@ class TrainingLoop:
         else:
             state.bad_epochs.assign_add(1)
         return (f" (best {metric} {float(state.best_metric.numpy()):.4f} "
-                f"at epoch {int(state.best_epoch.numpy())})")
+                f"at epoch {int(state.best_epoch.numpy()) + 1})")
 
     def _validate(self) -> dict:
         """The chief's validation metrics (on every worker), written to TensorBoard."""

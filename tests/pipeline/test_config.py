@@ -55,3 +55,102 @@ def test_reference_lists_every_key():
     text = config_reference_markdown()
     for key in config_lib.valid_keys():
         assert f"`{key}`" in text
+
+
+def test_enumerated_values_are_checked_with_the_choices():
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"model.attention='sfot' is not one of: soft, hard "
+                             r"\(did you mean 'soft'\?\)"):
+        config_lib.load_config("tiny", ["model.attention=sfot"])
+    with pytest.raises(config_lib.ConfigError, match="did you mean 'cosine'"):
+        config_lib.load_config("tiny", ["train.lr_schedule=cosin"])
+    with pytest.raises(config_lib.ConfigError, match="data.source='cocoa'.*did you mean 'coco'"):
+        config_lib.load_config("tiny", ["data.source=cocoa"])
+
+
+def test_threshold_metrics_are_the_evaluators():
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"no metric 'BLEU4'.*Bleu_1, .*CIDEr.*did you mean 'Bleu_4'"):
+        config_lib.load_config("tiny", ['eval.thresholds={"BLEU4": 0.5}'])
+    with pytest.raises(config_lib.ConfigError, match="only for data.source=synthetic"):
+        config_lib.load_config("tiny", ["data.source=tfds", 'eval.thresholds={"grounding": 0.1}'])
+    config = config_lib.load_config("tiny", ['eval.thresholds={"CIDEr": 0.1, "grounding": 0.2}'])
+    assert set(config.eval.thresholds) == {"CIDEr", "grounding"}
+
+
+def test_misspelled_sections_and_keys_get_a_suggestion():
+    with pytest.raises(config_lib.ConfigError, match="'trian.epochs' .*did you mean 'train.epochs'"):
+        config_lib.load_config("tiny", ["trian.epochs=3"])
+    with pytest.raises(config_lib.ConfigError, match="did you mean 'epochs'"):
+        config_lib.load_config("tiny", ["train.epoch=3"])
+    with pytest.raises(config_lib.ConfigError, match="did you mean 'tiny'"):
+        config_lib.load_config("tinny")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.reinforce_baseline=expected"], "needs model.reinforce_credit=token"),
+    (["data.min_objects=3", "data.max_objects=2"], "min_objects <= max_objects"),
+    (["data.val_fraction=0.5", "data.test_fraction=0.5"], "leave images for train"),
+    (["encoder.grid_size=5"], "times a power of two"),
+    (["train.batch_size=0"], "train.batch_size=0 must be at least 1"),
+    (["preprocess.min_batch_size=100"], "above preprocess.max_batch_size"),
+])
+def test_cross_key_rules(overrides, message):
+    with pytest.raises(config_lib.ConfigError, match=message):
+        config_lib.load_config("tiny", overrides)
+
+
+def test_choices_match_what_the_stages_accept():
+    from components import distribute, evaluator, train_data
+    from components.trainer import validation
+    from models import hard_attention, objective, show_attend_tell
+    from components.sources import SOURCES
+    choices = config_lib.CHOICES
+    assert choices["data.source"] == tuple(SOURCES)
+    assert choices["model.attention"] == show_attend_tell.ATTENTIONS
+    assert choices["model.hard_inference"] == hard_attention.INFERENCE_MODES
+    assert choices["model.reinforce_credit"] == objective.REINFORCE_CREDITS
+    assert choices["model.reinforce_baseline"] == objective.REINFORCE_BASELINES
+    assert choices["train.strategy"] == distribute.STRATEGIES
+    assert choices["train.cache"] == train_data.CACHE_SETTINGS
+    assert choices["train.early_stopping_metric"] == validation.METRICS
+    assert config_lib.EVAL_METRICS == evaluator.BLESSING_METRICS
+    for name in config_lib.named_configs():  # every shipped config passes
+        config_lib.load_config(name)
+
+
+def test_check_paths(tmp_path):
+    coco = config_lib.load_config("tiny", ["data.source=coco"])
+    with pytest.raises(config_lib.ConfigError, match="needs data.captions_json"):
+        config_lib.check_paths(coco)
+    config_lib.check_paths(coco, stages=["Trainer"])  # ExampleGen does not run
+    captions = tmp_path / "captions.json"
+    captions.write_text("{}")
+    missing_dir = config_lib.load_config("tiny", ["data.source=coco",
+                                                  f"data.captions_json={captions}",
+                                                  f"data.images_dir={tmp_path / 'nope'}"])
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"data.images_dir=.*nope': expected a folder \(it does not exist\)"):
+        config_lib.check_paths(missing_dir)
+    with pytest.raises(config_lib.ConfigError, match=r"data.captions_json=.*\(it is a folder\)"):
+        config_lib.check_paths(config_lib.load_config(
+            "tiny", ["data.source=karpathy", f"data.captions_json={tmp_path}"]))
+    with pytest.raises(config_lib.ConfigError, match="data.tfds_data_dir"):
+        config_lib.check_paths(config_lib.load_config(
+            "tiny", ["data.source=tfds", f"data.tfds_data_dir={tmp_path / 'x'}"]))
+    with pytest.raises(config_lib.ConfigError, match="encoder.weights"):
+        config_lib.check_paths(config_lib.load_config(
+            "tiny", ["encoder.kind=keras_app", f"encoder.weights={tmp_path / 'w.h5'}"]))
+    config_lib.check_paths(config_lib.load_config(
+        "tiny", ["encoder.kind=keras_app", "encoder.weights=imagenet"]))
+    config_lib.check_paths(config_lib.load_config(
+        "tiny", ["data.source=coco", f"data.captions_json={captions}",
+                 f"data.images_dir={tmp_path}"]))
+
+
+def test_config_differences():
+    a = config_lib.load_config("tiny")
+    b = config_lib.load_config("tiny", ["train.epochs=5", 'eval.thresholds={"CIDEr": 0.1}'])
+    assert config_lib.config_differences(a, b) == [
+        "train.epochs: 2 -> 5", 'eval.thresholds: {"Bleu_4": 0.0} -> {"CIDEr": 0.1}']
+    assert config_lib.config_differences(a, a) == []

@@ -84,8 +84,11 @@ def test_caption_cli_text_json_and_attention_figures(make_base, start_server, tm
     assert code == 1  # one image failed; the others were still captioned
     assert "bad.png: INVALID_ARGUMENT" in captured.err
     lines = [json.loads(line) for line in captured.out.splitlines()]
-    assert [(l["image"], l["caption"]) for l in lines] == [
-        (str(red), expected_caption(RED)), (str(blue), expected_caption(BLUE))]
+    # Every image has a line, in order; the refused one carries its error.
+    assert [(l["image"], l.get("caption")) for l in lines] == [
+        (str(red), expected_caption(RED)), (str(bad), None), (str(blue), expected_caption(BLUE))]
+    assert lines[1]["error"].startswith("INVALID_ARGUMENT: ")
+    lines = [lines[0], lines[2]]
     assert lines[0]["version"] == 1 and lines[0]["tokens"] == [4, 5, 7, 10, 2]
     for line in lines:
         figure = Image.open(line["attention_figure"])
