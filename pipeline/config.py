@@ -120,7 +120,7 @@ class TrainConfig:
     shuffle_buffer: int = 2048         # tf.data shuffle buffer (images)
     cache: bool = True                 # cache parsed records in memory (small data)
     bucket_by_length: bool = False     # batch captions of similar length together
-    mixed_precision: str = "float32"   # float32 | mixed_float16 | mixed_bfloat16
+    mixed_precision: str = "auto"      # auto: bf16 if native | float32 | mixed_float16 | mixed_bfloat16
     jit_compile: bool = False          # XLA-compile the train step
     seed: int = 0                      # model init, shuffling and caption sampling
     log_every: int = 20                # steps between TensorBoard scalar summaries
