@@ -62,6 +62,7 @@ class EncoderConfig:
     max_epochs: int = 30               # EncoderTrainer epoch limit (early stopping usually ends it)
     patience: int = 3                  # epochs without val mAP improvement
     min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
+    mixed_precision: str = "auto"      # EncoderTrainer: auto (bf16 if native) | float32 | mixed_bfloat16
 
 
 @dataclass(frozen=True)
