@@ -110,7 +110,8 @@ def main(argv=None) -> dict:
                 # hard sample feeds the LSTM), from the same state.
                 state_h, state_c = state
                 embedded = tf.repeat(model.embedding(prev), regions, 0)
-                single = a[0]                                          # (L, D)
+                # In the model's compute dtype (bfloat16 for a mixed_bfloat16 model).
+                single = tf.cast(a[0], model.compute_dtype)             # (L, D)
                 if model._gated:
                     single = single * model.gate(state_h)
                 hs, _ = model._cell(model.lstm_input(embedded) + model.lstm_context(single)

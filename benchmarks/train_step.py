@@ -3,6 +3,11 @@
     python benchmarks/train_step.py                       # about 3 min on 2 CPU cores
     python benchmarks/train_step.py --steps 2 --repeats 2 # quicker
     python benchmarks/train_step.py --jit on              # XLA for our step
+    python benchmarks/train_step.py --precision float32   # both steps in float32
+
+`--precision auto` (the default, as `train.mixed_precision`) picks
+`mixed_bfloat16` where the CPU or GPU multiplies bfloat16 natively and float32
+elsewhere (components/precision.py); both models then train in that policy.
 
 Both models train at the tutorial's sizes: embedding 256, hidden/units 512,
 64 x 2048 annotations, vocabulary 5000, batch 64, captions of 20 tokens
@@ -58,12 +63,8 @@ def cpu_model() -> str:
 
 def cpu_has_bf16() -> bool:
     """True when the CPU has native bfloat16 matmul instructions (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from components.precision import BF16_CPU_FLAGS, cpu_flags
+    return bool(set(BF16_CPU_FLAGS) & cpu_flags())
 
 
 def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab, **_):
@@ -187,23 +188,27 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after tracing")
     parser.add_argument("--jit", choices=("off", "on"), default="off",
                         help="XLA-compile our step (off: measured faster on this CPU)")
-    parser.add_argument("--precision", default="float32",
-                        choices=("float32", "mixed_bfloat16", "mixed_float16"),
-                        help="our step's dtype policy; the baseline stays float32")
+    parser.add_argument("--precision", default="auto",
+                        choices=("auto", "float32", "mixed_bfloat16", "mixed_float16"),
+                        help="the dtype policy of both steps (auto: native bfloat16 if any)")
     parser.add_argument("--batch", type=int, default=SIZES["batch"])
     args = parser.parse_args(argv)
 
     import keras
     import tensorflow as tf
+    from components.precision import resolve
+    chosen = resolve(args.precision)
+    print(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})",
+          file=sys.stderr, flush=True)
     sizes = dict(SIZES, batch=args.batch)
     annotations, captions = make_data(sizes)
     tokens = sizes["batch"] * (sizes["length"] - 1)
 
-    keras.mixed_precision.set_global_policy(args.precision)
+    keras.mixed_precision.set_global_policy(chosen.policy)
     ours = our_step(sizes, jit=args.jit == "on")
-    keras.mixed_precision.set_global_policy("float32")
     baseline = baseline_step()
-    peak = matmul_peak(args.precision)
+    keras.mixed_precision.set_global_policy("float32")
+    peak = matmul_peak(chosen.policy)
 
     compile_s = {}
     for name, step in (("ours", ours), ("baseline", baseline)):
@@ -226,7 +231,8 @@ def main(argv=None):
 
     peak_gflops = statistics.median(times["peak"])
     result = {"benchmark": "train_step", "machine": cpu_model(), "cpus": os.cpu_count(),
-              "tensorflow": tf.__version__, "precision": args.precision,
+              "tensorflow": tf.__version__, "precision": chosen.policy,
+              "precision_requested": chosen.requested, "precision_reason": chosen.reason,
               "bf16_native": cpu_has_bf16(), "jit_compile": args.jit == "on",
               "sizes": sizes, "tokens_per_step": tokens, "steps": args.steps,
               "repeats": args.repeats, "first_call_s": compile_s,

@@ -69,6 +69,7 @@ class EncoderConfig:
     val_images: int = 5000             # EncoderTrainer: val images scored for mAP, at most
     patience: int = 3                  # epochs without val mAP improvement
     min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
+    mixed_precision: str = "auto"      # EncoderTrainer: auto (bf16 if native) | float32 | mixed_bfloat16
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ class TrainConfig:
     cache: str = "auto"                # auto | true | false: keep parsed records in memory
     cache_budget_mb: int = 1024        # train.cache=auto caches only a split estimated to fit this
     bucket_by_length: bool = False     # batch captions of similar length together
-    mixed_precision: str = "float32"   # float32 | mixed_float16 | mixed_bfloat16
+    mixed_precision: str = "auto"      # auto: bf16 if native | float32 | mixed_float16 | mixed_bfloat16
     jit_compile: bool = False          # XLA-compile the train step
     seed: int = 0                      # model init, shuffling and caption sampling
     log_every: int = 20                # steps between TensorBoard scalar summaries
@@ -254,7 +255,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.lr_schedule": ("constant", "cosine"),
     "train.early_stopping_metric": ("val_loss", "bleu4"),
     "train.cache": ("auto", "true", "false"),
-    "train.mixed_precision": ("float32", "mixed_float16", "mixed_bfloat16"),
+    "encoder.mixed_precision": ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
+    "train.mixed_precision": ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
 }
 
 # The Evaluator's metrics that `eval.thresholds` may name (larger is better).

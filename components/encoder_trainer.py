@@ -9,7 +9,11 @@ so that Preprocess and the Pusher share one saved encoder.
 
 Training streams the images from the Examples TFRecords (a shuffle buffer of
 `encoder.shuffle_buffer` encoded records, decoded in the input pipeline), so
-its memory does not grow with the number of images.
+its memory does not grow with the number of images. The small CNN trains in
+`encoder.mixed_precision` (`auto`: bfloat16 where the hardware has it
+natively, 1.55x faster per step on an AVX512-BF16 CPU) and is saved in
+float32, so that Preprocess and serving compute the same annotations on any
+host.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
+from components import precision as precision_lib
 from components import schema
 from models import text as text_lib
 
@@ -145,7 +150,7 @@ def _StepBar(bar):
 
 
 def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
-                       steps_per_epoch: int | None = None):
+                       steps_per_epoch: int | None = None, policy: str = "float32"):
     """Trains the small CNN on word presence until val mAP stops improving.
 
     Args:
@@ -155,14 +160,21 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
       config: `EncoderConfig`.
       log: one line of progress text.
       steps_per_epoch: batches per epoch, for the progress bar (None: unknown).
+      policy: the Keras dtype policy to train in; the returned backbone is
+        float32 whatever it is.
     Returns:
       (trained backbone, best val mAP, epochs run, history list).
     """
     import keras
     from models.encoder import small_cnn_backbone, word_classifier
     keras.utils.set_random_seed(0)
-    backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
-    model = word_classifier(backbone, val_y.shape[1])
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
+        model = word_classifier(backbone, val_y.shape[1])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
     val_images = val_ds.map(lambda x, y: x)
@@ -191,6 +203,11 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
                 break
     if best_weights is not None:
         backbone.set_weights(best_weights)
+    if backbone.dtype_policy.name != "float32":
+        # The same variables (float32 under mixed precision) in a float32 model.
+        float_backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
+        float_backbone.set_weights(backbone.get_weights())
+        backbone = float_backbone
     return backbone, best, epoch, history
 
 
@@ -231,11 +248,13 @@ def train_from_examples(examples_uri: str, config, log=print) -> tuple:
                 .batch(config.batch_size).prefetch(2))
     val_ds = (image_word_dataset(val_files, index, config.image_size, limit=len(val_sets))
               .batch(256).prefetch(2))
+    chosen = precision_lib.resolve(config.mixed_precision)
+    log(f"[EncoderTrainer] precision {chosen.policy} ({chosen.requested}: {chosen.reason})")
     backbone, val_map, epochs, history = train_word_encoder(
         train_ds, val_ds, val_y, config, log,
-        steps_per_epoch=-(-n_train // config.batch_size))
+        steps_per_epoch=-(-n_train // config.batch_size), policy=chosen.policy)
     properties = {"val_map": val_map, "chance_map": chance, "epochs": epochs,
-                  "history": history, "words": words}
+                  "history": history, "words": words, **chosen.as_properties()}
     counts = {"encoder_train_images": int(n_train), "encoder_val_images": len(val_sets),
               "encoder_words": len(words)}
     return backbone, properties, counts, words

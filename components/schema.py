@@ -136,7 +136,9 @@ ARTIFACT_LAYOUTS = (
         ((ENCODER_FILE, "a Keras model from `uint8`/`float32` images `(batch, S, S, 3)` "
           "(already resized, values 0..255) to the annotation grid `(batch, H, W, D)`"),),
         notes=f"`properties`: `image_size`, `{GRID_SHAPE}` `[H, W, D]`, `val_map` (held-out "
-              "word-presence mean average precision), `epochs`."),
+              "word-presence mean average precision), `epochs`; `mixed_precision`, "
+              "`mixed_precision_requested`, `mixed_precision_reason`: the policy the small "
+              "CNN trained in and why (the saved model computes in float32)."),
     ArtifactLayout(
         "Annotations", "Preprocess",
         ((_shards(ANNOTATIONS_PREFIX), "one `tf.train.Example` per image (features below)"),
@@ -162,7 +164,10 @@ ARTIFACT_LAYOUTS = (
          (CHECKPOINTS_DIR + "/", "the final `tf.train.CheckpointManager` checkpoint"),
          (LOGS_DIR + "/", "TensorBoard logs"),
          (MODEL_CONFIG_FILE, "the `model` config section, vocabulary size, grid shape and "
-          "mixed-precision policy"))),
+          "mixed-precision policy")),
+        notes="`properties` include `mixed_precision` (the Keras policy trained in, "
+              "`train.mixed_precision=auto` resolved), `mixed_precision_requested` and "
+              "`mixed_precision_reason`."),
     ArtifactLayout(
         "Evaluation", "Evaluator",
         (("metrics.json", "the coco-caption metrics (and grounding where boxes exist)"),

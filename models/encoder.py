@@ -234,5 +234,6 @@ def word_classifier(backbone: keras.Model, num_words: int) -> keras.Model:
     inputs = keras.Input(backbone.input_shape[1:], name="image")
     x = layers.GlobalMaxPooling2D(name="pool")(backbone(inputs))
     x = layers.Dropout(0.2, name="dropout")(x)
-    outputs = layers.Dense(num_words, name="words")(x)  # logits
+    # Logits in float32 under mixed precision, for a stable loss.
+    outputs = layers.Dense(num_words, name="words", dtype="float32")(x)
     return keras.Model(inputs, outputs, name="word_classifier")

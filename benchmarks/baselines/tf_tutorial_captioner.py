@@ -16,6 +16,11 @@ The tutorial calls its GRU without the previous state (each step starts from
 zeros, a known slip); here the state is passed, which costs the same and makes
 it an actual recurrent decoder. Sizes default to the tutorial's: embedding
 256, units 512, vocabulary 5000, 64 x 2048 features, batch 64.
+
+Under a mixed-precision global policy (for benchmarks in the same precision
+as ours) the features and the GRU state enter in the compute dtype and the
+logits leave in float32, as the Keras mixed-precision guide prescribes; in
+float32 these casts are no-ops.
 """
 from __future__ import annotations
 
@@ -77,11 +82,11 @@ class RNN_Decoder(keras.Model):
         output, state = self.gru(x, initial_state=hidden)
         x = self.fc1(output)
         x = tf.reshape(x, (-1, x.shape[2]))
-        x = self.fc2(x)
+        x = tf.cast(self.fc2(x), tf.float32)   # logits in float32 (mixed precision)
         return x, state, attention_weights
 
     def reset_state(self, batch_size):
-        return tf.zeros((batch_size, self.units))
+        return tf.zeros((batch_size, self.units), self.compute_dtype)
 
 
 def loss_function(real, pred):
@@ -97,7 +102,7 @@ def build(embedding_dim=EMBEDDING_DIM, units=UNITS, vocab_size=VOCAB_SIZE,
     """The encoder and decoder, built on the feature shape."""
     encoder = CNN_Encoder(embedding_dim)
     decoder = RNN_Decoder(embedding_dim, units, vocab_size)
-    features = encoder(tf.zeros((1,) + tuple(features_shape)))
+    features = encoder(tf.zeros((1,) + tuple(features_shape), encoder.compute_dtype))
     decoder(tf.zeros((1, 1), tf.int32), features, decoder.reset_state(1))
     return encoder, decoder
 
@@ -111,7 +116,7 @@ def make_train_step(encoder, decoder, optimizer):
         hidden = decoder.reset_state(batch_size=target.shape[0])
         dec_input = tf.expand_dims([START_ID] * target.shape[0], 1)
         with tf.GradientTape() as tape:
-            features = encoder(img_tensor)
+            features = encoder(tf.cast(img_tensor, encoder.compute_dtype))
             for i in range(1, target.shape[1]):
                 predictions, hidden, _ = decoder(dec_input, features, hidden)
                 loss += loss_function(target[:, i], predictions)
@@ -128,7 +133,7 @@ def make_train_step(encoder, decoder, optimizer):
 def evaluate(encoder, decoder, img_features, max_length):
     """The tutorial's eager greedy decode of one image: (1, 64, 2048) -> word ids."""
     hidden = decoder.reset_state(batch_size=1)
-    features = encoder(img_features)
+    features = encoder(tf.cast(img_features, encoder.compute_dtype))
     dec_input = tf.expand_dims([START_ID], 0)
     result = []
     for _ in range(max_length):

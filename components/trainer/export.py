@@ -43,6 +43,8 @@ class TrainedRun:
       resumed_from: the step this attempt started from.
       timing: this attempt's step timing.
       log: one line of progress text.
+      final: the last step's results.
+      precision: the resolved `components.precision.Precision`.
     """
     config: Any
     strategy: Any
@@ -61,6 +63,7 @@ class TrainedRun:
     timing: Timing
     log: Callable[[str], None]
     final: dict = dataclasses.field(default_factory=dict)
+    precision: Any = None   # precision.Precision: the policy used and why
 
 
 def export(run: TrainedRun) -> dict:
@@ -120,6 +123,13 @@ def _write_files(run: TrainedRun) -> None:
                    "mixed_precision": tcfg.mixed_precision}, f, indent=2, sort_keys=True)
 
 
+def _precision_properties(run: TrainedRun) -> dict:
+    """`mixed_precision` (the policy used) and, when known, what was asked and why."""
+    if run.precision is None:
+        return {"mixed_precision": run.config.train.mixed_precision}
+    return run.precision.as_properties()
+
+
 def _properties(run: TrainedRun) -> dict:
     """The Model artifact's properties (see `train`)."""
     tcfg, mcfg = run.config.train, run.config.model
@@ -150,7 +160,7 @@ def _properties(run: TrainedRun) -> dict:
                                 if step_seconds else None),
         "final_loss": run.final.get("loss"),
         "history": checkpointing.read_history(run.work_dir) if role.is_chief else [],
-        "mixed_precision": tcfg.mixed_precision,
+        **_precision_properties(run),
         "weights_digest": checkpointing.weights_digest(run.model),
     }
     if mcfg.attention == "hard":

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from components import distribute, schema
+from components import precision as precision_lib
 from components.trainer import checkpointing, summaries
 from components.trainer.export import LOG, TrainedRun, export
 from components.trainer.sync import broadcast_from_chief, chief_values
@@ -25,7 +26,6 @@ from components.trainer.validation import METRICS, Validator, improved
 
 # Epochs chained into one input dataset (building one costs ~0.15 s).
 EPOCHS_PER_DATASET = 8
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def _log(line: str) -> None:
@@ -59,12 +59,17 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
     if tcfg.early_stopping_metric not in METRICS:
         raise ValueError(f"train.early_stopping_metric must be one of {METRICS}, "
                          f"got {tcfg.early_stopping_metric!r}")
-    if tcfg.mixed_precision not in PRECISIONS:
-        raise ValueError("train.mixed_precision must be float32, mixed_float16 or "
-                         f"mixed_bfloat16, got {tcfg.mixed_precision!r}")
+    if tcfg.mixed_precision not in precision_lib.CHOICES:
+        raise ValueError(f"train.mixed_precision must be one of {', '.join(precision_lib.CHOICES)}"
+                         f", got {tcfg.mixed_precision!r}")
     started = time.time()
     # Before any other TF op: logical CPU devices and collective ops.
     strategy = distribute.make_strategy(tcfg)
+    chosen = precision_lib.resolve(tcfg.mixed_precision)
+    # From here on the config names the policy actually used.
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        tcfg, mixed_precision=chosen.policy))
+    tcfg = config.train
     role = (distribute.cluster_role() if distribute.is_multi_worker(strategy)
             else distribute.ClusterRole())
     import keras
@@ -76,7 +81,8 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
         inputs = read_inputs(strategy, role, config, annotations_uri, vocabulary_uri,
                              annotations_properties=annotations_properties or {},
                              vocabulary_properties=vocabulary_properties or {})
-        loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started)
+        loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started,
+                            precision=chosen)
         stop_reason = loop.run()
         loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
         return export(loop.trained_run(output_uri))
@@ -165,11 +171,16 @@ class TrainingLoop:
       work_dir: checkpoints, logs, history and `best.keras`.
       log: one line of progress text (only the chief's lines are shown).
       started: when the run began (default: now).
+      precision: the resolved `components.precision.Precision` (default: the config's
+        policy, as set).
     """
 
     def __init__(self, strategy, role, config, inputs: TrainInputs, work_dir: str,
-                 log: Callable[[str], None], *, started: float | None = None):
+                 log: Callable[[str], None], *, started: float | None = None,
+                 precision: precision_lib.Precision | None = None):
         self.strategy, self.role, self.config = strategy, role, config
+        self.precision = precision or precision_lib.resolve(
+            config.train.mixed_precision)
         self.inputs, self.work_dir, self.log = inputs, work_dir, log
         self.tcfg = config.train
         self.chief = role.is_chief
@@ -196,7 +207,8 @@ class TrainingLoop:
                    f"steps/epoch x {tcfg.epochs} epochs (at most {inputs.total_steps} steps), "
                    f"{len(inputs.eval_set)} val images, attention {self.config.model.attention}"
                    f", vocabulary {inputs.vocab_size}, grid {inputs.grid_shape}, "
-                   f"{tcfg.mixed_precision}")
+                   f"precision {self.precision.policy} ({self.precision.requested}: "
+                   f"{self.precision.reason})")
         self.say(f"{LOG} train split {inputs.data.cache_reason}")
 
     def _build(self) -> None:
@@ -420,4 +432,4 @@ class TrainingLoop:
             vocab_size=self.inputs.vocab_size, grid_shape=self.inputs.grid_shape,
             train_examples=int(self.inputs.data.num_records),
             val_examples=len(self.inputs.eval_set), resumed_from=self.resumed_from,
-            timing=self.timing, log=self.log, final=self.final)
+            timing=self.timing, log=self.log, final=self.final, precision=self.precision)

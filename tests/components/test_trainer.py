@@ -31,8 +31,11 @@ from tests.components import trainer_worker
 ROOT = trainer_worker.ROOT
 WORKER_SCRIPT = os.path.join(ROOT, "tests", "components", "trainer_worker.py")
 TINY_MODEL = ModelConfig(embedding_dim=8, hidden_dim=16, attention_dim=8, dropout=0.0)
+# float32: the strategy tests compare weights to 1e-4, tighter than bfloat16
+# rounding; `auto` has its own test.
 TINY_TRAIN = TrainConfig(batch_size=8, epochs=2, learning_rate=1e-2, checkpoint_every=2,
-                         val_examples=4, log_every=1, shuffle_buffer=64, patience=10)
+                         val_examples=4, log_every=1, shuffle_buffer=64, patience=10,
+                         mixed_precision="float32")
 PROCESS_TIMEOUT = 300
 
 
@@ -351,6 +354,27 @@ def test_streamed_and_cached_training_give_the_same_model(source, tmp_path, capf
         log = capfd.readouterr().err
         assert f"train split train.cache={cache} (32 images x [3, 3, 8] float16" in log
     assert digests["true"] == digests["false"]
+
+
+def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkeypatch, capfd):
+    import keras
+    from components import precision
+    chosen = precision.Precision("mixed_bfloat16", "auto", "no GPU; CPU flag avx512_bf16")
+    monkeypatch.setattr(precision, "choose_auto", lambda: chosen)
+    ctx = _ctx(source, str(tmp_path), _config(epochs=1, mixed_precision="auto"))
+    props = trainer.run(ctx)["model"]["properties"]
+    assert props["mixed_precision"] == "mixed_bfloat16"
+    assert props["mixed_precision_requested"] == "auto"
+    assert props["mixed_precision_reason"] == chosen.reason
+    assert "precision mixed_bfloat16 (auto: no GPU; CPU flag avx512_bf16)" in capfd.readouterr().err
+    with open(os.path.join(ctx.outputs["model"], "model_config.json")) as f:
+        assert json.load(f)["mixed_precision"] == "mixed_bfloat16"
+    model = keras.saving.load_model(os.path.join(ctx.outputs["model"], "model.keras"))
+    assert {w.dtype for w in model.trainable_weights} == {"float32"}
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert keras.mixed_precision.global_policy().name == "float32"   # restored
+    with pytest.raises(ValueError, match="auto, float32"):
+        trainer.run(_ctx(source, str(tmp_path / "bad"), _config(mixed_precision="bf16")))
 
 
 @pytest.mark.slow

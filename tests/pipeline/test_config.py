@@ -101,7 +101,7 @@ def test_cross_key_rules(overrides, message):
 
 
 def test_choices_match_what_the_stages_accept():
-    from components import distribute, evaluator, train_data
+    from components import distribute, evaluator, precision, train_data
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
     from components.sources import SOURCES
@@ -113,6 +113,8 @@ def test_choices_match_what_the_stages_accept():
     assert choices["model.reinforce_baseline"] == objective.REINFORCE_BASELINES
     assert choices["train.strategy"] == distribute.STRATEGIES
     assert choices["train.cache"] == train_data.CACHE_SETTINGS
+    assert choices["train.mixed_precision"] == precision.CHOICES
+    assert choices["encoder.mixed_precision"] == precision.CHOICES
     assert choices["train.early_stopping_metric"] == validation.METRICS
     assert config_lib.EVAL_METRICS == evaluator.BLESSING_METRICS
     for name in config_lib.named_configs():  # every shipped config passes
