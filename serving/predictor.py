@@ -23,7 +23,8 @@ from serving.admission import DecodeBudget
 from serving.errors import invalid_argument
 from serving.model_manager import ModelManager
 from serving.servable import Servable, Signature
-from serving.tensors import DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray
+from serving.tensors import (DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray,
+                             tensor_shape)
 from serving.tensors import ndarray_to_tensor_proto
 
 SIGNATURE_DEF = "signature_def"
@@ -103,11 +104,12 @@ class Predictor:
                                        f"but {short_dtype_name(proto.dtype)} is provided")
         if max_images:
             shapes = {}
-            for alias in expected:
-                dims = [int(d.size) for d in protos[alias].tensor_shape.dim]
-                if any(d < 0 for d in dims) or protos[alias].tensor_shape.unknown_rank:
-                    continue  # the tensor parser refuses it with its reason
-                shapes[alias] = (dims, protos[alias].dtype == DT_STRING)
+            for alias in sorted(expected):
+                try:
+                    shape = tensor_shape(protos[alias], max_elements)
+                except TensorParseError as e:
+                    raise invalid_argument(f"tensor parsing error: {alias} ({e})") from None
+                shapes[alias] = (shape, protos[alias].dtype == DT_STRING)
             check_counts(shapes, max_images)
         arrays = {}
         for index, alias in enumerate(sorted(expected)):
