@@ -156,11 +156,12 @@ def _count(record, code) -> None:
 
 
 def _print_figures(process) -> None:
-    print(f"\nserver idle RSS {process.idle_rss:.0f} MB, budget {BUDGET_MB} MiB; after all "
-          f"classes {process.rss_mb():.0f} MB")
+    print(f"\nbudget {BUDGET_MB} MiB; first server idle RSS {process.idle_rss:.0f} MB, after "
+          f"all classes {process.rss_mb():.0f} MB")
     for name, r in FIGURES.items():
+        after = (f", {r['after_above_idle']:+.0f} MB after" if "after_above_idle" in r else "")
         print(f"  {name}: {r['requests']} requests {r['codes']}, peak RSS {r['peak']:.0f} MB "
-              f"(+{r['peak_above_idle']:.0f} MB over idle)")
+              f"(+{r['peak_above_idle']:.0f} MB over idle{after})")
 
 
 def gif_with_frame(frame_w: int, frame_h: int, screen=(1, 1)) -> bytes:
@@ -201,7 +202,9 @@ def test_one_string_replicated_by_the_shape(server):
 def test_generated_shapes_are_bounded_before_replication(server, shape):
     answer = _grpc(server.stub, [TINY_PNG], shape=shape)
     n = int(np.prod(shape))
-    if shape[0] > MAX_IMAGES or n > MAX_IMAGES:
+    if n > 16 << 20:  # the tensor parser's own limit (--max-request-bytes elements) comes first
+        assert answer.code() is INVALID and "more than the limit" in answer.details
+    elif shape[0] > MAX_IMAGES or n > MAX_IMAGES:
         assert answer.code() is INVALID and "--max-images-per-request" in answer.details
     elif n == 0:  # one value for no elements
         assert answer.code() is INVALID and "0 elements" in answer.details
@@ -333,15 +336,42 @@ def test_concurrent_large_requests_stay_within_the_budget(server):
     assert codes.get("OK", 0) + codes.get("200", 0) > 0, codes
 
 
-def test_memory_returns_after_large_requests(server):
-    """After a burst of the largest requests, RSS goes back near idle (malloc_trim)."""
-    image = solid_image(BLUE, size=1900)
-    with _measured(server, "largest single image, 10 times") as record:
+def _burst(server, name: str) -> dict:
+    image = solid_image(BLUE, size=1900)  # 3.6 M pixels: the largest allowed image
+    with _measured(server, name) as record:
         for _ in range(10):
             answer = _grpc(server.stub, [image])
             _count(record, answer.code())
             assert answer.code() is OK, answer.details
     time.sleep(0.5)
     record["after"] = server.rss_mb()
-    print(f"\nRSS after the burst: {record['after']:.0f} MB (idle {server.idle_rss:.0f} MB)")
-    assert record["after"] - server.idle_rss <= BUDGET_MB / 4, record
+    record["after_above_idle"] = record["after"] - server.idle_rss
+    print(f"\n{name}: RSS after the burst {record['after']:.0f} MB "
+          f"(idle {server.idle_rss:.0f} MB)")
+    return record
+
+
+def test_memory_after_large_requests_stays_within_the_budget(server):
+    """TensorFlow's oneDNN allocator (the default on x86) keeps its peak pool for reuse."""
+    record = _burst(server, "largest single image, 10 times")
+    assert record["after_above_idle"] <= BUDGET_MB, record
+
+
+def test_memory_returns_after_large_requests_without_onednn(tmp_path_factory, model_store,
+                                                            serve_process, monkeypatch):
+    """With TF_ENABLE_ONEDNN_OPTS=0, freed decode buffers go back to the system."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    base = tmp_path_factory.mktemp("plain-allocator") / "captioner"
+    base.mkdir()
+    publish_version(model_store["image"], str(base), 1)
+    process = serve_process([
+        "--model-base-path", str(base), "--port", "0", "--rest-port", "0",
+        "--poll-seconds", "0", "--max-image-pixels", str(MAX_IMAGE_PIXELS),
+        "--decode-memory-budget-mb", str(BUDGET_MB)])
+    process.stub = _stub(process)
+    for _ in range(5):
+        _check_alive(process, process.stub)
+    time.sleep(0.5)
+    process.idle_rss = process.rss_mb()
+    record = _burst(process, "largest single image, 10 times, TF_ENABLE_ONEDNN_OPTS=0")
+    assert record["after_above_idle"] <= BUDGET_MB / 8, record
