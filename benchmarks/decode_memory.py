@@ -8,7 +8,7 @@ is SIDE x SIDE. `serving/admission.py`'s DECODE_BYTES_PER_PIXEL must stay
 above every figure; docs/RELIABILITY.md quotes them.
 
     python benchmarks/decode_memory.py png 3000
-    for k in png jpeg pjpeg bmp gif gif-frame; do python benchmarks/decode_memory.py $k 3000; done
+    for k in png png16 jpeg pjpeg cmyk-jpeg bmp gif gif-frame; do python benchmarks/decode_memory.py $k 3000; done
 """
 from __future__ import annotations
 
@@ -29,6 +29,12 @@ def encode(kind: str, side: int) -> bytes:
         if kind == "gif-frame":
             data[6:10] = struct.pack("<HH", 1, 1)
         return bytes(data)
+    if kind == "png16":  # 16 bits per sample (grayscale)
+        Image.fromarray((pixels[:, :, 0].astype("uint16") * 257)).save(out, format="PNG")
+        return out.getvalue()
+    if kind == "cmyk-jpeg":
+        image.convert("CMYK").save(out, format="JPEG")
+        return out.getvalue()
     fmt = {"png": "PNG", "jpeg": "JPEG", "pjpeg": "JPEG", "bmp": "BMP"}[kind]
     image.save(out, format=fmt, **({"progressive": True} if kind == "pjpeg" else {}))
     return out.getvalue()

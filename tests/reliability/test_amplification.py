@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
-from typing import Dict, List
+from typing import Dict
 
 import grpc
 import numpy as np
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.image_headers import probe_image
