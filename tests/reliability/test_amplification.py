@@ -1,8 +1,9 @@
 """Amplification: few bytes in, much memory out. Every class is refused before decoding.
 
 The server runs as a child process with a small decode-memory budget
-(`BUDGET_MB`); a sampler thread reads its resident memory (VmRSS) every
-5 ms during each class. Asserted per class: every request gets its exact
+(`BUDGET_MB`); its peak resident memory during each class is read from
+VmHWM, reset before the class (and sampled every 5 ms where the reset is
+not allowed). Asserted per class: every request gets its exact
 code, the server is alive and still captions correctly, and the largest
 RSS seen stays within the budget above the idle RSS. `-s` prints the table
 that docs/RELIABILITY.md quotes.
@@ -124,8 +125,9 @@ def _check_alive(process, stub) -> None:
 
 @contextmanager
 def _measured(process, name: str):
-    """Samples the server's RSS while the block runs; records requests and codes."""
+    """The server's peak RSS while the block runs (VmHWM, reset first; else sampled)."""
     record = {"requests": 0, "codes": {}, "peak": 0.0}
+    exact = process.reset_peak()
     stop = threading.Event()
 
     def sample():
@@ -143,6 +145,8 @@ def _measured(process, name: str):
     finally:
         stop.set()
         thread.join()
+    if exact:
+        record["peak"] = max(record["peak"], process.peak_rss_mb())
     record["peak_above_idle"] = record["peak"] - process.idle_rss
     FIGURES[name] = record
     _check_alive(process, process.stub)
