@@ -393,12 +393,15 @@ class ModelServer:
     def stop(self, grace: Optional[float] = 5.0) -> None:
         """Stops taking requests, lets in-flight ones finish (up to `grace` s), unloads."""
         self.health.enter_graceful_shutdown()
+        # Both APIs stop accepting at once and drain in parallel: gRPC's
+        # stop() returns at once, with an event set once its RPCs are done.
+        grpc_stopped = self._grpc.stop(grace) if self._grpc is not None else None
+        self._grpc = None
         if self._rest is not None:
             self._rest.stop(grace if grace is not None else 5.0)
             self._rest = None
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait()
-            self._grpc = None
+        if grpc_stopped is not None:
+            grpc_stopped.wait()
         if self.manager is not None:
             self.manager.stop()
         self._started = False

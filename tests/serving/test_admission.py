@@ -140,3 +140,32 @@ def test_request_limits_in_process(make_base, start_server):  # noqa: F811
     status, body = rest_call(server.rest_url, PREDICT,
                              raw=json.dumps({"instances": [b64(solid_image(RED))] * 4}).encode())
     assert status == 400 and "--max-images-per-request" in body["error"]
+
+
+def test_json_bodies_count_against_the_budget(make_base, start_server):  # noqa: F811
+    # 2 MiB of JSON may become 64 MiB of Python objects: over a 32 MiB budget.
+    server = start_server(make_base({1: "image"}), decode_memory_budget_mb=32)
+    body = json.dumps({"instances": [b64(solid_image(RED))], "pad": "x" * (2 << 20)}).encode()
+    status, payload = rest_call(server.rest_url, PREDICT, raw=body)
+    assert status == 400 and "JSON body" in payload["error"], payload
+    assert "whole decode-memory budget" in payload["error"]
+    small = json.dumps({"instances": [b64(solid_image(RED))]}).encode()
+    assert rest_call(server.rest_url, PREDICT, raw=small)[0] == 200
+
+
+def test_counts_come_from_the_shape_before_any_tensor_exists():
+    from tensorflow.core.framework import tensor_pb2, types_pb2
+
+    from serving.predictor import check_counts
+    from serving.tensors import tensor_shape
+
+    proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[b"x"])
+    proto.tensor_shape.dim.add().size = 10 ** 12  # a few bytes claiming 10^12 images
+    shape = tensor_shape(proto)
+    assert shape == (10 ** 12,)
+    with pytest.raises(ServingError, match="1000000000000 rows"):
+        check_counts({"image_bytes": (shape, True)}, 1000)
+    with pytest.raises(ServingError, match="1200 images"):
+        check_counts({"a": ((4, 300), True)}, 1000)
+    check_counts({"a": ((4, 300), False)}, 1000)  # numbers are not images
+    check_counts({"a": ((10 ** 12,), True)}, 0)  # 0: no limit
