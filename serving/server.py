@@ -16,7 +16,9 @@ TF Serving works unchanged against it:
 - version watching, warmup and availability-preserving swaps
   (`serving/model_manager.py`), optional dynamic batching
   (`serving/batch_scheduler.py`), image pixel limits checked from headers
-  (`serving/image_headers.py`), TLS on both ports.
+  (`serving/image_headers.py`), per-request image and pixel limits and a
+  server-wide decode-memory budget (`serving/admission.py`), TLS on both
+  ports.
 
 Command line (`captioner serve` calls `main`; flags in `serving/flags.py`,
 tensorflow_model_server's included):
