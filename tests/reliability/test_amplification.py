@@ -379,3 +379,23 @@ def test_memory_returns_after_large_requests_without_onednn(tmp_path_factory, mo
     process.idle_rss = process.rss_mb()
     record = _burst(process, "largest single image, 10 times, TF_ENABLE_ONEDNN_OPTS=0")
     assert record["after_above_idle"] <= BUDGET_MB / 8, record
+
+
+def _bmp(dib: int, width: int, height: int, data: int = 64) -> bytes:
+    head = (struct.pack("<Iii", dib, width, height) + struct.pack("<HH", 1, 24)
+            + b"\0" * max(dib - 16, 0))
+    return (b"BM" + struct.pack("<IHHI", 14 + len(head) + data, 0, 0, 14 + len(head)) + head
+            + b"\0" * data)
+
+
+def test_bmp_headers_cannot_claim_more_than_their_bytes(server):
+    """A BMP's size is read by TensorFlow from fixed offsets, whatever its DIB header size;
+    the decoder refuses sizes its data does not hold, before allocating."""
+    cases = [_bmp(200, 20000, 20000),  # unknown DIB size: not probed here, refused by TF
+             _bmp(40, 1500, 1500),     # under the pixel limit, but 64 bytes of pixels
+             _bmp(40, 1500, -1500), _bmp(99, 1, 1)]
+    with _measured(server, "BMP headers larger than their data") as record:
+        for data in cases * 3:
+            answer = _grpc(server.stub, [data])
+            _count(record, answer.code())
+            assert answer.code() is INVALID, answer.details
