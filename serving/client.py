@@ -37,8 +37,9 @@ _HINTS = {
                                  "way on both sides)?",
     grpc.StatusCode.NOT_FOUND: "check the model name and version (GetModelStatus lists them)",
     grpc.StatusCode.FAILED_PRECONDITION: "check the signature name (metadata() lists them)",
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "the request is larger than the server accepts; "
-                                        "send fewer or smaller images",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "the request is larger than the server accepts "
+                                        "(send fewer or smaller images), or the server is "
+                                        "busy decoding others (retry later)",
     grpc.StatusCode.DEADLINE_EXCEEDED: "raise the timeout or send fewer images per request",
 }
 

@@ -31,6 +31,9 @@ class ServeDefaults:
     poll_seconds: float = 1.0
     max_request_bytes: int = 16 * 1024 * 1024
     max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 1000
+    max_request_pixels: int = 80_000_000
+    decode_memory_budget_mb: int = 2048
     max_threads: int = 64
     max_load_retries: int = 5
 
@@ -201,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_request_bytes)
     lim.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
                      help="refuse images whose header claims more pixels (0: no limit)")
+    lim.add_argument("--max-images-per-request", type=int,
+                     default=DEFAULTS.max_images_per_request,
+                     help="most images (string elements) and rows in one request, counted "
+                          "from the shape before anything is decoded (0: no limit)")
+    lim.add_argument("--max-request-pixels", type=int, default=DEFAULTS.max_request_pixels,
+                     help="most decoded pixels of all images of one request (0: no limit)")
+    lim.add_argument("--decode-memory-budget-mb", type=int,
+                     default=DEFAULTS.decode_memory_budget_mb,
+                     help="server-wide memory that requests in progress may need together; "
+                          "beyond it RESOURCE_EXHAUSTED / 429 (0: no budget)")
     bat = p.add_argument_group("batching")
     bat.add_argument("--enable-batching", "--enable_batching", dest="enable_batching",
                      default=False, **flag, help="batch concurrent requests (TF Serving semantics)")

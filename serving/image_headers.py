@@ -1,10 +1,11 @@
 """Image sizes from file headers, read before any decoding (decompression bombs).
 
 A 40 KB PNG can claim 100000 x 100000 pixels; decoding it would allocate
-30 GB. The server reads the width, height (and, for animations, the frame
-count: `tf.io.decode_image` decodes every frame even with
-`expand_animations=False`) from the header in pure Python and rejects the
-image before TensorFlow sees it.
+30 GB. The server reads the width, height (and, for GIF and WebP
+animations, the frame count: `tf.io.decode_image` decodes every frame even
+with `expand_animations=False`; for GIF also every frame's own rectangle,
+which may be larger than the logical screen the header states) in pure
+Python and rejects the image before TensorFlow sees it.
 
 Formats are those `tf.io.decode_image` accepts: PNG, JPEG, GIF, BMP, WebP
 and JPEG XL. Bytes that match none of their signatures are not an image to
@@ -24,16 +25,22 @@ class ImageHeaderError(ValueError):
 
 @dataclass(frozen=True)
 class ImageInfo:
-    """What the header says: format, size and number of frames."""
+    """What the header says: format, size, number of frames, largest frame.
+
+    `largest_frame` is the area of the largest frame rectangle (GIF image
+    descriptors): a frame may be larger than the logical screen the header
+    states, and the decoder allocates for the frame.
+    """
     format: str
     width: int
     height: int
     frames: int = 1
+    largest_frame: int = 0
 
     @property
     def pixels(self) -> int:
-        """Pixels the decoder will allocate (all frames)."""
-        return self.width * self.height * max(self.frames, 1)
+        """Pixels the decoder will allocate: every frame, each at least the screen size."""
+        return max(self.width * self.height, self.largest_frame) * max(self.frames, 1)
 
 
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -82,6 +89,8 @@ def check_pixels(data: bytes, max_pixels: int) -> Optional[ImageInfo]:
                                f"{info.width}x{info.height}")
     if max_pixels and info.pixels > max_pixels:
         frames = f" x {info.frames} frames" if info.frames > 1 else ""
+        if info.largest_frame > info.width * info.height:
+            frames = f" with a frame of {info.largest_frame} pixels{frames}"
         raise ImageHeaderError(
             f"{info.format} image of {info.width}x{info.height}{frames} = {info.pixels} "
             f"pixels exceeds the limit of {max_pixels} pixels")
@@ -135,7 +144,7 @@ def _gif(data: bytes) -> ImageInfo:
     i = 13
     if packed & 0x80:
         i += 3 * (1 << ((packed & 0x07) + 1))
-    frames, n = 0, len(data)
+    frames, largest, n = 0, 0, len(data)
     # Walk the blocks to count frames; stop quietly at truncation or junk
     # (the decoder rejects those), so a short count only under-estimates
     # frames that TensorFlow could not decode anyway.
@@ -147,6 +156,10 @@ def _gif(data: bytes) -> ImageInfo:
             if i + 10 > n:
                 break
             frames += 1
+            # left, top, width, height: the decoder allocates the frame's own
+            # rectangle, which may exceed the logical screen.
+            frame_w, frame_h = struct.unpack("<HH", data[i + 5:i + 9])
+            largest = max(largest, frame_w * frame_h)
             flags = data[i + 9]
             i += 10
             if flags & 0x80:
@@ -161,7 +174,7 @@ def _gif(data: bytes) -> ImageInfo:
             i += 1 + size
             if size == 0:
                 break
-    return ImageInfo("GIF", width, height, max(frames, 1))
+    return ImageInfo("GIF", width, height, max(frames, 1), largest)
 
 
 def _bmp(data: bytes) -> Optional[ImageInfo]:

@@ -3,22 +3,28 @@
 Checks happen in TF Serving's order, with its status codes: model and
 version (NOT_FOUND), signature (FAILED_PRECONDITION), input names, dtypes,
 tensor parsing, output filter (INVALID_ARGUMENT); then shapes and image
-headers, then the run itself, whose TensorFlow errors keep their code.
+headers, then the request-wide limits (images, pixels) and the decode-memory
+budget (`serving/admission.py`), then the run itself, whose TensorFlow errors
+keep their code. Counts are read from tensor shapes before any tensor is
+materialized: TensorProto's padding rule lets one string fill any shape.
 """
 from __future__ import annotations
 
+import math
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
                                      predict_pb2)
 from tensorflow_serving.apis import status_pb2
 
+from serving.admission import DecodeBudget
 from serving.errors import invalid_argument
 from serving.model_manager import ModelManager
 from serving.servable import Servable, Signature
-from serving.tensors import TensorParseError, short_dtype_name, tensor_proto_to_ndarray
+from serving.tensors import (DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray,
+                             tensor_shape)
 from serving.tensors import ndarray_to_tensor_proto
 
 SIGNATURE_DEF = "signature_def"
@@ -33,13 +39,24 @@ class Predictor:
       max_tensor_elements: request tensors whose shape has more elements are
         refused (INVALID_ARGUMENT) before anything is allocated; None: no limit.
       metrics: a `ServingMetrics` that gets each model run's time, or None.
+      max_images: most rows (dimension 0) of any input, and most strings
+        (images) in all inputs together, of one request; 0: no limit.
+      max_request_pixels: most decoded pixels (as image headers state them)
+        of all images of one request together; 0: no limit.
+      budget: the server-wide decode-memory budget every run reserves its
+        estimated bytes from; None: no budget.
     """
 
     def __init__(self, manager: Optional[ModelManager] = None,
-                 max_tensor_elements: Optional[int] = None, metrics=None):
+                 max_tensor_elements: Optional[int] = None, metrics=None,
+                 max_images: int = 0, max_request_pixels: int = 0,
+                 budget: Optional[DecodeBudget] = None):
         self.manager = manager
         self.max_tensor_elements = max_tensor_elements
         self.metrics = metrics
+        self.max_images = max(max_images, 0)
+        self.max_request_pixels = max(max_request_pixels, 0)
+        self.budget = budget if budget is not None else DecodeBudget(0)
 
     def resolve(self, spec: model_pb2.ModelSpec) -> Servable:
         """The servable a ModelSpec names (NOT_FOUND / INVALID_ARGUMENT)."""
@@ -57,7 +74,8 @@ class Predictor:
         """Predict on a given servable (also the warmup replay path)."""
         signature = servable.signature(request.model_spec.signature_name)
         inputs = self.parse_inputs(servable, signature, request.inputs,
-                                   max_elements=self.max_tensor_elements)
+                                   max_elements=self.max_tensor_elements,
+                                   max_images=self.max_images)
         aliases = output_aliases(signature, request.output_filter)
         outputs = self.run(servable, signature, inputs)
         response = predict_pb2.PredictResponse()
@@ -70,17 +88,32 @@ class Predictor:
 
     @staticmethod
     def parse_inputs(servable: Servable, signature: Signature, protos,
-                     max_elements: Optional[int] = None) -> Arrays:
-        """TensorProtos -> arrays, checked against the signature."""
+                     max_elements: Optional[int] = None, max_images: int = 0) -> Arrays:
+        """TensorProtos -> arrays, checked against the signature.
+
+        With `max_images`, the counts are checked from the shapes first
+        (`check_counts`), before any tensor is materialized.
+        """
         expected = signature.inputs
         servable.check_input_names(signature, protos)
-        arrays = {}
         for index, alias in enumerate(sorted(expected)):
             proto = protos[alias]
             want = expected[alias].dtype.as_datatype_enum
             if proto.dtype != want:
                 raise invalid_argument(f"Expects arg[{index}] to be {expected[alias].dtype.name} "
                                        f"but {short_dtype_name(proto.dtype)} is provided")
+        if max_images:
+            shapes = {}
+            for alias in sorted(expected):
+                try:
+                    shape = tensor_shape(protos[alias], max_elements)
+                except TensorParseError as e:
+                    raise invalid_argument(f"tensor parsing error: {alias} ({e})") from None
+                shapes[alias] = (shape, protos[alias].dtype == DT_STRING)
+            check_counts(shapes, max_images)
+        arrays = {}
+        for index, alias in enumerate(sorted(expected)):
+            proto = protos[alias]
             try:
                 arrays[alias] = tensor_proto_to_ndarray(proto, max_elements)
             except TensorParseError as e:
@@ -93,7 +126,14 @@ class Predictor:
         The run's wall time (batch queueing included) goes to the runtime
         latency metric.
         """
-        servable.check_inputs(signature, inputs)
+        check_counts({alias: (array.shape, array.dtype == object)
+                      for alias, array in inputs.items()}, self.max_images)
+        cost = servable.check_inputs(signature, inputs)
+        if self.max_request_pixels and cost.pixels > self.max_request_pixels:
+            raise invalid_argument(
+                f"the request's {cost.images} images decode to {cost.pixels} pixels in all, "
+                f"more than the limit of {self.max_request_pixels} pixels per request "
+                f"(--max-request-pixels); send them in several requests")
         # An empty batch is a client bug (REST's `"instances": []` is refused
         # too); TF Serving's gRPC API would run the model on zero rows.
         for alias, array in sorted(inputs.items()):
@@ -101,7 +141,9 @@ class Predictor:
                 raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
                                        f"(shape {list(array.shape)}); send at least one")
         started = time.perf_counter()
-        outputs = servable.run(signature, inputs)
+        with self.budget.reserve(cost.bytes, f"a request of {cost.images} images"
+                                 if cost.images else "a request"):
+            outputs = servable.run(signature, inputs)
         if self.metrics is not None:
             self.metrics.record_runtime(servable.name, "Predict",
                                         1e6 * (time.perf_counter() - started))
@@ -147,6 +189,32 @@ class Predictor:
                 status=status_pb2.StatusProto(error_code=status.error_code.value[0],
                                               error_message=status.error_message))
         return response
+
+
+def check_counts(shapes: Dict[str, tuple], max_images: int) -> None:
+    """INVALID_ARGUMENT when a request has more rows or images than `max_images`.
+
+    Args:
+      shapes: alias -> (shape, whether the input holds strings); shapes may
+        be read from a TensorProto (nothing materialized yet) or an array.
+      max_images: the limit (0: none). Every input's dimension 0 counts as
+        rows; every string element counts as an image.
+    """
+    if not max_images:
+        return
+    strings = 0
+    for alias, (shape, is_string) in sorted(shapes.items()):
+        shape: Sequence[int] = tuple(shape)
+        if shape and shape[0] > max_images:
+            raise invalid_argument(
+                f"input {alias}: {shape[0]} rows in one request, more than the limit of "
+                f"{max_images} (--max-images-per-request); send them in several requests")
+        if is_string:
+            strings += math.prod(shape)
+    if strings > max_images:
+        raise invalid_argument(
+            f"{strings} images (string elements) in one request, more than the limit of "
+            f"{max_images} (--max-images-per-request); send them in several requests")
 
 
 def output_aliases(signature: Signature, output_filter: Iterable[str]) -> List[str]:

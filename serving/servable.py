@@ -11,13 +11,14 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence
 
 import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from serving.admission import image_cost
 from serving.batch_scheduler import BatchScheduler
 from serving.batching_parameters import BatchingParameters
 from serving.errors import ServingError, failed_precondition, from_tf_error, internal, invalid_argument
@@ -29,6 +30,13 @@ DEFAULT_SIGNATURE = "serving_default"
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit
 Arrays = Dict[str, np.ndarray]
+
+
+class InputCost(NamedTuple):
+    """What checked inputs will cost to run: images, their decoded pixels, estimated bytes."""
+    images: int
+    pixels: int
+    bytes: int
 
 
 @dataclass
@@ -105,9 +113,16 @@ class Servable:
                 f"Sent extra: {{{','.join(sorted(sent - expected))}}}. "
                 f"Missing but required: {{{','.join(sorted(expected - sent))}}}.")
 
-    def check_inputs(self, signature: Signature, inputs: Arrays) -> None:
-        """Checks input names, dtypes, shapes and image headers (INVALID_ARGUMENT)."""
+    def check_inputs(self, signature: Signature, inputs: Arrays) -> InputCost:
+        """Checks input names, dtypes, shapes and image headers (INVALID_ARGUMENT).
+
+        Returns:
+          The images (string elements), the pixels their headers say the
+          decoder will allocate, and the estimated peak bytes of the run
+          (`serving.admission`), all known before anything is decoded.
+        """
         self.check_input_names(signature, inputs)
+        images = pixels = cost = 0
         for index, (alias, spec) in enumerate(sorted(signature.inputs.items())):
             array = inputs[alias]
             want = np.dtype(object) if spec.dtype == tf.string else spec.dtype.as_numpy_dtype
@@ -119,16 +134,29 @@ class Servable:
                     f"input {alias}: shape {list(array.shape)} is not compatible with "
                     f"the signature's {_shape_str(spec.shape)}")
             if spec.dtype == tf.string:
-                self._check_images(alias, array)
+                count, alias_pixels, alias_cost = self._check_images(alias, array)
+                images += count
+                pixels += alias_pixels
+                cost += alias_cost
+            else:
+                cost += 2 * array.nbytes  # the array and its tensor
+        return InputCost(images, pixels, cost)
 
-    def _check_images(self, alias: str, array: np.ndarray) -> None:
-        for i, value in enumerate(array.reshape(-1)):
+    def _check_images(self, alias: str, array: np.ndarray):
+        """(images, pixels, estimated bytes) of a string input; INVALID_ARGUMENT on a bad header."""
+        pixels = cost = 0
+        flat = array.reshape(-1)
+        for i, value in enumerate(flat):
             if not isinstance(value, bytes):
                 raise invalid_argument(f"input {alias}[{i}] is not bytes")
             try:
-                check_pixels(value, self.max_image_pixels)
+                info = check_pixels(value, self.max_image_pixels)
             except ImageHeaderError as e:
                 raise invalid_argument(f"input {alias}[{i}]: {e}") from None
+            image_pixels = info.pixels if info is not None else 0
+            pixels += image_pixels
+            cost += image_cost(image_pixels, len(value))
+        return len(flat), pixels, cost
 
     def run(self, signature: Signature, inputs: Arrays) -> Arrays:
         """Runs a signature on checked inputs (batched when batching is on)."""

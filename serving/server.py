@@ -16,7 +16,9 @@ TF Serving works unchanged against it:
 - version watching, warmup and availability-preserving swaps
   (`serving/model_manager.py`), optional dynamic batching
   (`serving/batch_scheduler.py`), image pixel limits checked from headers
-  (`serving/image_headers.py`), TLS on both ports.
+  (`serving/image_headers.py`), per-request image and pixel limits and a
+  server-wide decode-memory budget (`serving/admission.py`), TLS on both
+  ports.
 
 Command line (`captioner serve` calls `main`; flags in `serving/flags.py`,
 tensorflow_model_server's included):
@@ -44,6 +46,7 @@ from tensorflow_serving.apis import (model_management_pb2, model_service_pb2,
                                      prediction_service_pb2_grpc)
 
 from serving import flags
+from serving.admission import DecodeBudget
 from serving.batching_parameters import BatchingParameters
 from serving.errors import ServingError, invalid_argument
 from serving.flags import DEFAULTS as _DEFAULTS
@@ -176,6 +179,15 @@ class ModelServer:
         (413) larger than this are refused.
       max_image_pixels: images whose header claims more pixels are refused
         (INVALID_ARGUMENT) before decoding; 0 disables the check.
+      max_images_per_request: most images (string elements) and rows in one
+        request, checked from the shapes before anything is materialized;
+        0: no limit.
+      max_request_pixels: most decoded pixels of all images of one request;
+        0: no limit.
+      decode_memory_budget_mb: MiB that requests in progress may need
+        together (estimated before decoding, `serving/admission.py`); a
+        request that does not fit gets RESOURCE_EXHAUSTED (REST 429); 0: no
+        budget.
       max_threads: gRPC worker threads (concurrent requests in progress).
       config_poll_seconds: seconds between re-reads of `model_config_file`;
         <= 0: read once; None: at every file-system poll.
@@ -201,6 +213,9 @@ class ModelServer:
                  ssl_cert: Optional[str] = None, ssl_key: Optional[str] = None,
                  max_request_bytes: int = _DEFAULTS.max_request_bytes,
                  max_image_pixels: int = _DEFAULTS.max_image_pixels,
+                 max_images_per_request: int = _DEFAULTS.max_images_per_request,
+                 max_request_pixels: int = _DEFAULTS.max_request_pixels,
+                 decode_memory_budget_mb: int = _DEFAULTS.decode_memory_budget_mb,
                  max_threads: int = _DEFAULTS.max_threads,
                  config_poll_seconds: Optional[float] = None, rest_threads: Optional[int] = None,
                  metrics_path: Optional[str] = None, warmup: bool = True,
@@ -230,6 +245,10 @@ class ModelServer:
         self.ssl_key = ssl_key
         self.max_request_bytes = max_request_bytes
         self.max_image_pixels = max_image_pixels
+        self.max_images_per_request = max_images_per_request
+        self.max_request_pixels = max_request_pixels
+        self.budget = DecodeBudget(decode_memory_budget_mb << 20
+                                   if decode_memory_budget_mb > 0 else 0)
         self.max_threads = max_threads
         self.config_poll_seconds = config_poll_seconds
         self.rest_threads = rest_threads
@@ -246,7 +265,8 @@ class ModelServer:
         # elements than max_request_bytes: bound what it can make us allocate.
         self.predictor = Predictor(
             max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None,
-            metrics=self.metrics)
+            metrics=self.metrics, max_images=max_images_per_request,
+            max_request_pixels=max_request_pixels, budget=self.budget)
         self.manager: Optional[ModelManager] = None
         self.health = health.HealthServicer()
         self.grpc_port: Optional[int] = None
@@ -375,12 +395,15 @@ class ModelServer:
     def stop(self, grace: Optional[float] = 5.0) -> None:
         """Stops taking requests, lets in-flight ones finish (up to `grace` s), unloads."""
         self.health.enter_graceful_shutdown()
+        # Both APIs stop accepting at once and drain in parallel: gRPC's
+        # stop() returns at once, with an event set once its RPCs are done.
+        grpc_stopped = self._grpc.stop(grace) if self._grpc is not None else None
+        self._grpc = None
         if self._rest is not None:
             self._rest.stop(grace if grace is not None else 5.0)
             self._rest = None
-        if self._grpc is not None:
-            self._grpc.stop(grace).wait()
-            self._grpc = None
+        if grpc_stopped is not None:
+            grpc_stopped.wait()
         if self.manager is not None:
             self.manager.stop()
         self._started = False
@@ -491,6 +514,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             poll_seconds=args.poll_seconds, version_policy=policy, batching=batching,
             ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
             max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels,
+            max_images_per_request=args.max_images_per_request,
+            max_request_pixels=args.max_request_pixels,
+            decode_memory_budget_mb=args.decode_memory_budget_mb,
             max_threads=args.max_threads, config_poll_seconds=args.config_poll_seconds,
             rest_threads=args.rest_threads or None, metrics_path=metrics_path,
             warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,

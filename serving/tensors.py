@@ -104,19 +104,12 @@ def _as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
-                            max_elements: Optional[int] = None) -> np.ndarray:
-    """Reads a TensorProto into a numpy array (strings: object array of bytes).
+def tensor_shape(proto: tensor_pb2.TensorProto, max_elements: Optional[int] = None) -> tuple:
+    """The shape a TensorProto claims, checked, without materializing anything.
 
-    Args:
-      proto: the tensor.
-      max_elements: refuse shapes with more elements than this (None: no
-        limit). The padding rule lets a few bytes claim any shape, so a
-        server bounds what one small request can make it allocate.
     Raises:
       TensorParseError: unknown rank, negative sizes, shapes too large to
-        allocate or over `max_elements`, or values that do not match the
-        shape (what TF's `Tensor::FromProto` rejects).
+        allocate or over `max_elements`.
     """
     shape_proto = proto.tensor_shape
     if shape_proto.unknown_rank:
@@ -133,6 +126,25 @@ def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
     if max_elements is not None and n > max_elements:
         raise TensorParseError(f"tensor shape {list(shape)} has {n} elements, more than the "
                                f"limit of {max_elements}")
+    return shape
+
+
+def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
+                            max_elements: Optional[int] = None) -> np.ndarray:
+    """Reads a TensorProto into a numpy array (strings: object array of bytes).
+
+    Args:
+      proto: the tensor.
+      max_elements: refuse shapes with more elements than this (None: no
+        limit). The padding rule lets a few bytes claim any shape, so a
+        server bounds what one small request can make it allocate.
+    Raises:
+      TensorParseError: unknown rank, negative sizes, shapes too large to
+        allocate or over `max_elements`, or values that do not match the
+        shape (what TF's `Tensor::FromProto` rejects).
+    """
+    shape = tensor_shape(proto, max_elements)
+    n = math.prod(shape)
     if proto.dtype == DT_STRING:
         values = list(proto.string_val)
         if proto.tensor_content:

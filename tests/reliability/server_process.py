@@ -66,6 +66,23 @@ class ServerProcess:
                     return int(line.split()[1]) / 1024.0
         raise RuntimeError("no VmRSS")
 
+    def peak_rss_mb(self) -> float:
+        """Largest resident memory (VmHWM) in MB since start or `reset_peak`."""
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+        raise RuntimeError("no VmHWM")
+
+    def reset_peak(self) -> bool:
+        """Resets VmHWM to the current RSS (Linux 4.0+); False where not allowed."""
+        try:
+            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
     def log(self) -> str:
         self._log.flush()
         with open(self.log_path, errors="replace") as f:

@@ -77,3 +77,15 @@ def test_jpeg_xl_codestream_sizes():
     data = b"\xff\x0a" + value.to_bytes(3, "little")
     info = probe_image(data)
     assert (info.format, info.width, info.height) == ("JPEG XL", 24, 16)
+
+
+def test_gif_frame_larger_than_the_screen_counts():
+    out = io.BytesIO()
+    Image.new("P", (300, 200), 1).save(out, format="GIF")
+    data = bytearray(out.getvalue())
+    data[6:10] = struct.pack("<HH", 1, 1)  # the header now claims 1x1
+    info = probe_image(bytes(data))
+    assert (info.width, info.height, info.largest_frame, info.pixels) == (1, 1, 60_000, 60_000)
+    with pytest.raises(ImageHeaderError, match="with a frame of 60000 pixels"):
+        check_pixels(bytes(data), 59_999)
+    assert check_pixels(bytes(data), 60_000).pixels == 60_000
