@@ -12,11 +12,12 @@ Cost per image (docs/SCALING.md; 2 CPU cores, 2026-11-26): Preprocess
 0.669 s (VGG19 at 224 px, measured), Trainer ~46 ms per train image and
 epoch (2.3 GFLOP, estimated, at a measured ~50 GFLOP/s), Evaluator <= 0.15 s per
 test image, ExampleGen ~12 ms; memory flat in the number of images
-(measured at 14x14x512 grids to 16,000 images: every stage < 1.1 GB but
-the Evaluator, 1.2 GiB + 0.45 MiB per test image; VGG19's activations add
-~2 GB to Preprocess at batch 64, estimated). For COCO's 123,287 images
+(measured at 14x14x512 grids to 16,000 images: every stage < 1.5 GB but
+the Evaluator, ~2.1 GB with METEOR's Java, and the Pusher, ~1.6 GB with its
+load check; VGG19's activations add ~2 GB to Preprocess at batch 64,
+estimated). For COCO's 123,287 images
 (113,287 / 5,000 / 5,000): Preprocess 22.9 h, Trainer 1.45 h per epoch
-(29 h for 20), Evaluator ~12 min and 3.4 GiB; 24.8 GB of annotations
+(29 h for 20), Evaluator ~12 min; 24.8 GB of annotations
 (201,405 B per image). On one GPU (estimated): Preprocess ~3 min at 8
 decode cores, Trainer 1-2 min per epoch; or run Preprocess on Dataflow
 (20 x n1-standard-8: ~35 min).

@@ -10,11 +10,12 @@ Cost per image (docs/SCALING.md; 2 CPU cores, 2026-11-26): Preprocess
 0.669 s (VGG19 at 224 px, measured), Trainer ~46 ms per train image and
 epoch for an LSTM of 1800 (estimated from the measured FLOP rate; this
 config's 1000-unit LSTM costs less), Evaluator <= 0.15 s per test image,
-ExampleGen ~12 ms; memory flat in the number of images (every stage < 1.1
-GB but the Evaluator, 1.2 GiB + 0.45 MiB per test image; VGG19's
-activations add ~2 GB to Preprocess at batch 64, estimated). For 8,000
+ExampleGen ~12 ms; memory flat in the number of images (every stage < 1.5
+GB but the Evaluator, ~2.1 GB with METEOR's Java, and the Pusher, ~1.6 GB
+with its load check; VGG19's activations add ~2 GB to Preprocess at batch
+64, estimated). For 8,000
 images (6,000 / 1,000 / 1,000): Preprocess 1.5 h, Trainer at most 4.6 min
-per epoch (2.3 h for 30), Evaluator ~2.5 min and 1.6 GiB; 1.6 GB of
+per epoch (2.3 h for 30), Evaluator ~2.5 min; 1.6 GB of
 annotations. On one GPU (estimated): minutes per stage.
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
