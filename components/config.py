@@ -576,6 +576,22 @@ class _DeclaredSection:
         return {k: to_dict(getattr(self._section, k)) for k in sorted(self._keys)}
 
 
+def replace_section(config, section: str, **changes):
+    """`config` with fields of one section changed, for a config or a stage's view of one.
+
+    Args:
+      config: a `PipelineConfig` or a `DeclaredConfig`.
+      section: the section name (`"train"`).
+      **changes: field -> new value.
+    Returns:
+      A config of the same kind.
+    """
+    if isinstance(config, DeclaredConfig):
+        return config.replace_section(section, **changes)
+    return dataclasses.replace(
+        config, **{section: dataclasses.replace(getattr(config, section), **changes)})
+
+
 class DeclaredConfig:
     """A `PipelineConfig` of which a stage may read only what it declared.
 
@@ -590,8 +606,14 @@ class DeclaredConfig:
 
     def __init__(self, config: PipelineConfig, declared: Sequence[str], stage: str = "a stage"):
         self._config = config
+        self._declaration = tuple(declared)
         self._declared = parse_declaration(declared)
         self._stage = stage
+
+    def replace_section(self, section: str, **changes) -> "DeclaredConfig":
+        """The same view of a config whose `section` has `changes` (see `replace_section`)."""
+        return DeclaredConfig(replace_section(self._config, section, **changes),
+                              self._declaration, self._stage)
 
     @property
     def name(self) -> str:

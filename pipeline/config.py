@@ -14,10 +14,12 @@ import os
 from typing import Sequence
 
 from components.config import (  # noqa: F401  (the config API in one place)
-    CHOICES, EVAL_METRICS, SECTIONS, ConfigError, DataConfig, DeclaredConfig, EncoderConfig, EvalConfig, ModelConfig,
+    CHOICES, EVAL_METRICS, SECTIONS, ConfigError, DataConfig, DeclaredConfig, EncoderConfig,
+    EvalConfig, ModelConfig,
     PipelineConfig, PreprocessConfig, PushConfig, ServeConfig, TrainConfig,
     UndeclaredConfigError, apply_overrides, check_paths, config_from_module, describe_fields,
-    did_you_mean, from_dict, load_config_file, to_dict, valid_keys, validate)
+    did_you_mean, from_dict, load_config_file, replace_section, to_dict, valid_keys,
+    validate)
 
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "configs")
 

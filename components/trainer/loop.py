@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+from components import config as config_lib
 from components import distribute, schema
 from components import precision as precision_lib
 from components.trainer import checkpointing, summaries
@@ -67,8 +68,7 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
     strategy = distribute.make_strategy(tcfg)
     chosen = precision_lib.resolve(tcfg.mixed_precision)
     # From here on the config names the policy actually used.
-    config = dataclasses.replace(config, train=dataclasses.replace(
-        tcfg, mixed_precision=chosen.policy))
+    config = config_lib.replace_section(config, "train", mixed_precision=chosen.policy)
     tcfg = config.train
     role = (distribute.cluster_role() if distribute.is_multi_worker(strategy)
             else distribute.ClusterRole())

@@ -361,7 +361,10 @@ def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkey
     from components import precision
     chosen = precision.Precision("mixed_bfloat16", "auto", "no GPU; CPU flag avx512_bf16")
     monkeypatch.setattr(precision, "choose_auto", lambda: chosen)
-    ctx = _ctx(source, str(tmp_path), _config(epochs=1, mixed_precision="auto"))
+    # The stage's view of the config, as the runner passes it: only the declared sections.
+    declared = config_lib.DeclaredConfig(_config(epochs=1, mixed_precision="auto"),
+                                         dag.stage("Trainer").config_sections, "Trainer")
+    ctx = _ctx(source, str(tmp_path), declared)
     props = trainer.run(ctx)["model"]["properties"]
     assert props["mixed_precision"] == "mixed_bfloat16"
     assert props["mixed_precision_requested"] == "auto"

@@ -225,3 +225,17 @@ def test_latest_pushed_evaluation_is_resolved_from_earlier_runs(tmp_path):
     lineage = [x for x in inspect(str(tmp_path))["executions"]
                if x["stage"] == "C" and x["state"] == "complete"][0]
     assert {e["name"] for e in lineage["inputs"]} == {"y", "baseline"}
+
+
+def test_a_declared_view_can_be_replaced_and_stays_declared():
+    config = config_lib.PipelineConfig()
+    view = config_lib.DeclaredConfig(config, ("train", "model.attention"), stage="Trainer")
+    changed = config_lib.replace_section(view, "train", mixed_precision="float32", epochs=3)
+    assert isinstance(changed, config_lib.DeclaredConfig)
+    assert (changed.train.mixed_precision, changed.train.epochs) == ("float32", 3)
+    assert changed.model.attention == config.model.attention
+    assert view.train.epochs == config.train.epochs            # the original is unchanged
+    with pytest.raises(config_lib.UndeclaredConfigError):
+        changed.eval.beam_size
+    plain = config_lib.replace_section(config, "train", epochs=3)
+    assert isinstance(plain, config_lib.PipelineConfig) and plain.train.epochs == 3
