@@ -22,14 +22,14 @@ from typing import Any, Mapping, Sequence
 @dataclass(frozen=True)
 class DataConfig:
     """Where the images and captions come from (the ExampleGen stage)."""
-    source: str = "synthetic"          # synthetic | coco | karpathy | tfds
-    seed: int = 0                      # synthetic images and the split assignment
-    # synthetic shapes
-    num_images: int = 2000             # synthetic: how many images
-    image_size: int = 64               # synthetic: image side in pixels
-    min_objects: int = 1               # synthetic: objects per image, at least
-    max_objects: int = 3               # synthetic: objects per image, at most (<= 3)
-    captions_per_image: int = 5        # synthetic: reference captions per image
+    source: str = "synthetic"          # synthetic (shapes) | scenes | coco | karpathy | tfds
+    seed: int = 0                      # synthetic/scenes images and the split assignment
+    # synthetic shapes and scenes (docs/datasets.md)
+    num_images: int = 2000             # synthetic/scenes: how many images
+    image_size: int = 64               # synthetic/scenes: image side in pixels
+    min_objects: int = 1               # synthetic/scenes: objects per image, at least
+    max_objects: int = 3               # synthetic/scenes: objects per image, at most (shapes <= 3, scenes <= 8)
+    captions_per_image: int = 5        # synthetic/scenes: reference captions per image
     # coco: captions JSON + image folder; karpathy: split JSON + image folder
     captions_json: str = ""            # coco: captions_*.json; karpathy: dataset_*.json
     images_dir: str = ""               # coco/karpathy: folder the image paths are relative to
@@ -37,9 +37,9 @@ class DataConfig:
     tfds_name: str = "coco_captions"   # tfds: dataset name
     tfds_data_dir: str = ""            # tfds: data_dir ("" = TFDS default)
     tfds_splits: str = "train,val,test"  # tfds: splits to read (validation->val, restval->train)
-    # splits (coco / synthetic); karpathy and tfds keep their own splits
-    val_fraction: float = 0.1          # synthetic/coco: fraction of images in val
-    test_fraction: float = 0.1         # synthetic/coco: fraction of images in test
+    # splits (coco / synthetic / scenes); karpathy and tfds keep their own splits
+    val_fraction: float = 0.1          # synthetic/scenes/coco: fraction of images in val
+    test_fraction: float = 0.1         # synthetic/scenes/coco: fraction of images in test
     max_images: int = 0                # accept at most this many images (0 = no limit)
     num_shards: int = 2                # TFRecord shards per split
 
