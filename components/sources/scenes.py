@@ -206,7 +206,16 @@ def _place(kind: str, masks: list, s: int, rng: np.random.Generator):
 
 
 def coverage(kind: str, bbox, s: int) -> tuple[int, int, np.ndarray]:
-    """Antialiased coverage of an object: ``(row0, col0, (h, w) float patch)``."""
+    """Antialiased coverage of one object on an S x S image.
+
+    Args:
+      kind: one of `scenes_grammar.KINDS`.
+      bbox: its normalized ``(ymin, xmin, ymax, xmax)`` box.
+      s: the image side in pixels.
+    Returns:
+      ``(row0, col0, patch)``: the patch's top-left pixel and the (h, w)
+      fraction of each pixel the object covers (`SUPERSAMPLE`^2 samples).
+    """
     f = SUPERSAMPLE
     ymin, xmin, ymax, xmax = bbox
     r0, r1 = max(0, int(np.floor(ymin * s)) - 1), min(s, int(np.ceil(ymax * s)) + 1)
@@ -224,6 +233,13 @@ def shape_mask(kind: str, y: np.ndarray, x: np.ndarray, bbox) -> np.ndarray:
     five-pointed star, apex up; diamond: the box's inscribed rhombus; ring:
     the disc less a `RING_INNER` hole; heart: the curve
     ``(x^2 + y^2 - 1)^3 <= x^2 y^3`` stretched to the box.
+
+    Args:
+      kind: one of `scenes_grammar.KINDS`.
+      y, x: normalized coordinates of the sample points (broadcastable).
+      bbox: the object's ``(ymin, xmin, ymax, xmax)`` box.
+    Returns:
+      A float32 array of 0/1, the broadcast shape of y and x.
     """
     ymin, xmin, ymax, xmax = bbox
     cy, cx = (ymin + ymax) / 2, (xmin + xmax) / 2

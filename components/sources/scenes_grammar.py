@@ -197,6 +197,7 @@ def parse_caption(caption: str | Sequence[str]) -> ParsedCaption:
             used_until = i + 1
             i += 1
             continue
+        # The shapes parser's own relation phrases, so both read relations alike.
         for pattern, kind in shapes_grammar._RELATION_PATTERNS:
             if words[i:i + len(pattern)] == pattern:
                 spans.append((i, i + len(pattern), kind))
@@ -219,6 +220,11 @@ def clear_relation(box_a: Sequence[float], box_b: Sequence[float]) -> Optional[s
 
     Unambiguous: the dominant axis beats the other by `RELATION_MARGIN` and
     the centres are at least `RELATION_MIN_DISTANCE` apart along it.
+
+    Args:
+      box_a, box_b: normalized ``(ymin, xmin, ymax, xmax)`` boxes.
+    Returns:
+      "left", "right", "above", "below" (a relative to b) or None.
     """
     ay, ax = box_center(box_a)
     by, bx = box_center(box_b)
@@ -329,4 +335,5 @@ def _synonym(words: Sequence[str], rng: np.random.Generator) -> str:
 
 
 def _pick(pool: Sequence[str], rng: np.random.Generator) -> str:
+    """One item of the pool, uniformly."""
     return pool[int(rng.integers(len(pool)))]
