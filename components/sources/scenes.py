@@ -185,7 +185,9 @@ def _place(kind: str, masks: list, s: int, rng: np.random.Generator):
         keep.append(masks[j] & ~covered)
         covered |= masks[j]
     keep.reverse()
-    own = [int(m.sum()) for m in masks]
+    # Pixels each earlier object may still lose and stay visible enough.
+    spare = [int(k.sum()) - max(MIN_PIXELS, MIN_VISIBLE * int(m.sum()))
+             for k, m in zip(keep, masks)]
     for attempt in range(_TRIES):
         if attempt == _TRIES // 2:
             size = "small"  # crowded: fall back to a small object
@@ -195,12 +197,13 @@ def _place(kind: str, masks: list, s: int, rng: np.random.Generator):
         half = side / 2
         bbox = tuple(round(float(v), 6) for v in (cy - half, cx - half, cy + half, cx + half))
         r0, c0, alpha = coverage(kind, bbox, s)
-        mask = np.zeros((s, s), bool)
-        mask[r0:r0 + alpha.shape[0], c0:c0 + alpha.shape[1]] = alpha >= 0.5
-        if int(mask.sum()) < MIN_PIXELS:
+        window = alpha >= 0.5
+        if int(window.sum()) < MIN_PIXELS:
             continue
-        if all(int((k & ~mask).sum()) >= max(MIN_PIXELS, MIN_VISIBLE * o)
-               for k, o in zip(keep, own)):
+        rows, cols = slice(r0, r0 + window.shape[0]), slice(c0, c0 + window.shape[1])
+        if all(int((k[rows, cols] & window).sum()) <= room for k, room in zip(keep, spare)):
+            mask = np.zeros((s, s), bool)
+            mask[rows, cols] = window
             return size, bbox, mask, (r0, c0, alpha)
     return None
 
