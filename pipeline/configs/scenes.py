@@ -9,12 +9,12 @@ demo's, so the two results compare.
 
 Measured (2026-11-26, 2-core AMD EPYC shared with other jobs, load average
 8-10): 16 min 42 s for the whole pipeline (ExampleGen 87 s, EncoderTrainer
-359 s, val mAP 0.383 vs chance 0.215; Preprocess 43 s; Trainer 490 s, 24
-epochs; Evaluator 17 s). Soft attention on the 410 test images, beam 3:
+359 s, val mAP 0.383 vs chance 0.215; Preprocess 43 s; Trainer 490 s, 2688
+steps; Evaluator 17 s). Soft attention on the 410 test images, beam 3:
 Bleu_4 0.247, CIDEr 0.817, METEOR 0.240, ROUGE_L 0.501, grounding 0.748
-(the shapes demo: Bleu_4 0.96, CIDEr 6.9). Recognizing the kind of a small,
-partly hidden object is what the model misses most: 23 % of the objects it
-names exist in the image.
+(the shapes demo: Bleu_4 0.96, CIDEr 6.9). Captions have the right form
+but often the wrong kind or color: 23 % of the object phrases generated
+name a (color, kind) present in the image.
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
                              PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
