@@ -27,14 +27,14 @@ from typing import Any, Mapping, Sequence
 @dataclass(frozen=True)
 class DataConfig:
     """Where the images and captions come from (the ExampleGen stage)."""
-    source: str = "synthetic"          # synthetic | coco | karpathy | tfds
-    seed: int = 0                      # synthetic images and the split assignment
-    # synthetic shapes
-    num_images: int = 2000             # synthetic: how many images
-    image_size: int = 64               # synthetic: image side in pixels
-    min_objects: int = 1               # synthetic: objects per image, at least
-    max_objects: int = 3               # synthetic: objects per image, at most (<= 3)
-    captions_per_image: int = 5        # synthetic: reference captions per image
+    source: str = "synthetic"          # synthetic (shapes) | scenes | coco | karpathy | tfds
+    seed: int = 0                      # synthetic/scenes images and the split assignment
+    # synthetic shapes and scenes (docs/datasets.md)
+    num_images: int = 2000             # synthetic/scenes: how many images
+    image_size: int = 64               # synthetic/scenes: image side in pixels
+    min_objects: int = 1               # synthetic/scenes: objects per image, at least
+    max_objects: int = 3               # synthetic/scenes: objects per image, at most (shapes <= 3, scenes <= 8)
+    captions_per_image: int = 5        # synthetic/scenes: reference captions per image
     # coco: captions JSON + image folder; karpathy: split JSON + image folder
     captions_json: str = ""            # coco: captions_*.json; karpathy: dataset_*.json
     images_dir: str = ""               # coco/karpathy: folder the image paths are relative to
@@ -42,9 +42,9 @@ class DataConfig:
     tfds_name: str = "coco_captions"   # tfds: dataset name
     tfds_data_dir: str = ""            # tfds: data_dir ("" = TFDS default)
     tfds_splits: str = "train,val,test"  # tfds: splits to read (validation->val, restval->train)
-    # splits (coco / synthetic); karpathy and tfds keep their own splits
-    val_fraction: float = 0.1          # synthetic/coco: fraction of images in val
-    test_fraction: float = 0.1         # synthetic/coco: fraction of images in test
+    # splits (coco / synthetic / scenes); karpathy and tfds keep their own splits
+    val_fraction: float = 0.1          # synthetic/scenes/coco: fraction of images in val
+    test_fraction: float = 0.1         # synthetic/scenes/coco: fraction of images in test
     max_images: int = 0                # accept at most this many images (0 = no limit)
     num_shards: int = 2                # TFRecord shards per split
 
@@ -243,7 +243,7 @@ def config_from_module(module: Any, label: str, overrides: Sequence[str] = ()) -
 # Keys whose values come from a fixed list (the stages and models check the
 # same lists; tests/pipeline/test_config.py keeps the two in step).
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.source": ("synthetic", "coco", "karpathy", "tfds"),
+    "data.source": ("synthetic", "scenes", "coco", "karpathy", "tfds"),
     "encoder.kind": ("small_cnn", "keras_app"),
     "preprocess.direct_running_mode": ("in_memory", "multi_threading", "multi_processing"),
     "model.attention": ("soft", "hard"),
@@ -264,6 +264,8 @@ CAPTION_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", 
 # Computed only for data with object boxes (`data.source=synthetic`).
 GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
 EVAL_METRICS = CAPTION_METRICS + GROUNDING_METRICS
+# The sources whose examples carry object boxes (the grounding metrics need them).
+BOXED_SOURCES = ("synthetic", "scenes")
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -306,10 +308,10 @@ def validate(config: PipelineConfig) -> PipelineConfig:
         if metric not in EVAL_METRICS:
             raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
                               f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
-        if metric in GROUNDING_METRICS and data.source != "synthetic":
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES:
             raise ConfigError(f"eval.thresholds: {metric} is computed only for "
-                              f"data.source=synthetic (it needs object boxes), not "
-                              f"{data.source!r}")
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")

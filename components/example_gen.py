@@ -9,7 +9,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from components import io_utils, schema
-from components.sources import get_source
+from components.sources import get_source, has_boxes
 from components.sources.base import RawExample
 
 
@@ -122,7 +122,7 @@ def run(ctx) -> dict:
     if counts["accepted"] == 0:
         raise RuntimeError("ExampleGen accepted no image: see "
                            f"{os.path.join(ctx.outputs['examples'], schema.DEAD_LETTERS_FILE)}")
-    has_boxes = data_config.source == "synthetic"
     return {"examples": {"counts": counts,
-                         "properties": {"source": data_config.source, "has_boxes": has_boxes,
+                         "properties": {"source": data_config.source,
+                                        "has_boxes": has_boxes(data_config.source),
                                         "splits": list(schema.SPLITS)}}}

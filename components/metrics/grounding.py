@@ -1,12 +1,15 @@
-"""Attention grounding and caption correctness on the synthetic shapes data.
+"""Attention grounding and caption correctness on the synthetic shapes and scenes data.
 
 Does the model look at an object while naming it (Xu et al. 2015, section 5.4
-shows this qualitatively; the shapes boxes let us count it), and does the
+shows this qualitatively; the synthetic boxes let us count it), and does the
 caption name the right objects and a true relation? Captions are parsed with
-the shapes grammar (`components/sources/shapes_grammar.py`).
+the scenes parser (`components/sources/scenes_grammar.py`), which reads every
+shapes caption exactly as the shapes grammar does and also understands the
+scenes words (more kinds and colors, synonyms, counted plurals).
 
-A generated object phrase *matches* a ground-truth object with the same
-color and shape (each (color, shape) appears at most once per shapes image).
+A generated object phrase *matches* the ground-truth objects with the same
+color and shape: exactly one on a shapes image (each (color, shape) appears
+at most once there), one or more on a scenes image ("two red rings").
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from components.sources.shapes_grammar import ObjectPhrase, parse_caption, relation_holds
+from components.sources.scenes_grammar import parse_caption
+from components.sources.shapes_grammar import relation_holds
 
 
 COUNT_KEYS = ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
@@ -41,15 +45,16 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
       A flat dict. Rates (None where their count is 0):
         ``grounding``: over matched object phrases, the fraction where the
           argmax cell of at least one of the phrase's steps (article to
-          noun) has its centre inside the widened box;
+          noun) has its centre inside the widened box (of any matched object);
         ``grounding_noun``: the same with the shape noun's step alone;
         ``attribute_accuracy``: fraction of images whose caption names
           exactly the right set of (color, shape) objects;
         ``size_accuracy``: over matched phrases that name a size, the
-          fraction naming the right one;
+          fraction naming the size of a matched object;
         ``relation_accuracy``: over images with >= 2 objects, the fraction
-          whose first relation holds between the two objects it links
-          (no relation, or an argument that matches no object, is wrong).
+          whose first relation holds between two distinct objects its
+          arguments match (no relation, or an argument that matches no
+          object, is wrong).
       Counts: ``num_images``, ``num_phrases``, ``num_matched_phrases``,
       ``num_grounded``, ``num_grounded_noun``, ``num_attribute_correct``,
       ``num_sized_phrases``, ``num_size_correct``, ``num_relation_images``,
@@ -67,21 +72,24 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
         if attention.shape[0] < len(words):
             raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
         parsed = parse_caption(words)
-        by_key = {(o["color"], o["shape"]): o for o in gt}
+        by_key: dict[tuple, list] = {}
+        for o in gt:
+            by_key.setdefault((o["color"], o["shape"]), []).append(o)
         for phrase in parsed.objects:
             counts["num_phrases"] += 1
-            obj = by_key.get((phrase.color, phrase.shape))
-            if obj is None:
+            matched = by_key.get((phrase.color, phrase.shape))
+            if matched is None:
                 continue
             counts["num_matched_phrases"] += 1
             steps = range(phrase.start, phrase.end)
-            counts["num_grounded"] += any(_looks_inside(attention[t], obj["bbox"], widen_cells)
-                                          for t in steps)
-            counts["num_grounded_noun"] += _looks_inside(attention[phrase.noun_index],
-                                                         obj["bbox"], widen_cells)
+            counts["num_grounded"] += any(_looks_inside(attention[t], o["bbox"], widen_cells)
+                                          for t in steps for o in matched)
+            counts["num_grounded_noun"] += any(
+                _looks_inside(attention[phrase.noun_index], o["bbox"], widen_cells)
+                for o in matched)
             if phrase.size is not None:
                 counts["num_sized_phrases"] += 1
-                counts["num_size_correct"] += phrase.size == obj["size"]
+                counts["num_size_correct"] += any(phrase.size == o["size"] for o in matched)
         named = {(p.color, p.shape) for p in parsed.objects}
         counts["num_attribute_correct"] += named == set(by_key)
         if len(gt) >= 2:
@@ -136,14 +144,12 @@ def _looks_inside(attention_map: np.ndarray, bbox: Sequence[float], widen_cells:
     return bool(ymin - my <= cy <= ymax + my and xmin - mx <= cx <= xmax + mx)
 
 
-def _relation_true(parsed, by_key: Mapping[tuple, Mapping]) -> bool:
-    """The caption's first relation holds between the ground-truth objects it names."""
+def _relation_true(parsed, by_key: Mapping[tuple, Sequence[Mapping]]) -> bool:
+    """The caption's first relation holds between two distinct objects its arguments match."""
     rel = parsed.relation
     if rel is None:
         return False
-    a: ObjectPhrase = parsed.objects[rel.subject]
-    b: ObjectPhrase = parsed.objects[rel.object]
-    obj_a, obj_b = by_key.get((a.color, a.shape)), by_key.get((b.color, b.shape))
-    if obj_a is None or obj_b is None or obj_a is obj_b:
-        return False
-    return relation_holds(rel.kind, obj_a["bbox"], obj_b["bbox"])
+    a, b = parsed.objects[rel.subject], parsed.objects[rel.object]
+    objs_a, objs_b = by_key.get((a.color, a.shape), ()), by_key.get((b.color, b.shape), ())
+    return any(relation_holds(rel.kind, oa["bbox"], ob["bbox"])
+               for oa in objs_a for ob in objs_b if oa is not ob)

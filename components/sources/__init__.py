@@ -12,6 +12,14 @@ def _synthetic(cfg):
             cfg.num_images)
 
 
+def _scenes(cfg):
+    from components.sources import scenes
+    return (scenes.generate(cfg.num_images, image_size=cfg.image_size,
+                            min_objects=cfg.min_objects, max_objects=cfg.max_objects,
+                            captions_per_image=cfg.captions_per_image, seed=cfg.seed),
+            cfg.num_images)
+
+
 def _coco(cfg):
     from components.sources import coco
     return coco.read_coco(cfg.captions_json, cfg.images_dir)
@@ -27,8 +35,10 @@ def _tfds(cfg):
     return tfds_source.read_tfds(cfg.tfds_name, cfg.tfds_data_dir, cfg.tfds_splits)
 
 
-SOURCES: dict[str, Callable] = {"synthetic": _synthetic, "coco": _coco,
+SOURCES: dict[str, Callable] = {"synthetic": _synthetic, "scenes": _scenes, "coco": _coco,
                                 "karpathy": _karpathy, "tfds": _tfds}
+# Sources whose examples carry ground-truth object boxes (for the grounding metrics).
+BOXED_SOURCES = frozenset({"synthetic", "scenes"})
 
 
 def get_source(name: str) -> Callable:
@@ -36,3 +46,8 @@ def get_source(name: str) -> Callable:
     if name not in SOURCES:
         raise ValueError(f"unknown data.source {name!r}; choose one of {', '.join(SOURCES)}")
     return SOURCES[name]
+
+
+def has_boxes(name: str) -> bool:
+    """Whether the examples of `data.source` carry object boxes."""
+    return name in BOXED_SOURCES

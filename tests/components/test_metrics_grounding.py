@@ -109,3 +109,40 @@ def test_merging_batches_equals_scoring_every_image_at_once():
         parts = [grounding_metrics(captions[i:i + cut], maps[i:i + cut], objects[i:i + cut])
                  for i in range(0, len(captions), cut)]
         assert merge_grounding(parts) == whole
+
+
+# -- scenes: synonyms, counted plurals, repeated (color, shape) objects ---------
+
+RING_A = {"bbox": (0.0, 0.0, 0.25, 0.25), "color": "red", "shape": "ring", "size": "small"}
+RING_B = {"bbox": (0.75, 0.0, 1.0, 0.25), "color": "red", "shape": "ring", "size": "large"}
+STAR = {"bbox": (0.75, 0.75, 1.0, 1.0), "color": "purple", "shape": "star", "size": "small"}
+
+
+def test_counted_phrase_is_grounded_on_any_of_its_objects():
+    words = "two red hoops and a little violet star".split()
+    # "hoops" looks at the second ring; the star phrase looks at the star
+    cells = [(0, 3), (0, 3), (3, 0)] + [(0, 3)] + [(3, 3)] * 4
+    m = grounding_metrics([words], [_maps(cells)], [[RING_A, RING_B, STAR]])
+    assert m["num_phrases"] == m["num_matched_phrases"] == 2
+    assert m["grounding"] == 1.0 and m["grounding_noun"] == 1.0
+    assert m["attribute_accuracy"] == 1.0 and m["size_accuracy"] == 1.0
+
+
+def test_size_of_a_repeated_object_matches_any_of_them():
+    for size, correct in (("big", 1.0), ("little", 1.0), ("medium", 0.0)):
+        words = f"a {size} red ring".split()
+        m = grounding_metrics([words], [_maps([(0, 0)] * 4)], [[RING_A, RING_B]])
+        assert m["size_accuracy"] == correct
+
+
+@pytest.mark.parametrize("caption, correct", [
+    ("a red ring to the left of a violet star", True),  # RING_B is
+    ("a red ring below a violet star", False),          # neither is
+    ("a purple star to the right of a red ring", True),
+    ("a red ring below a red ring", True),       # two distinct rings: B below A
+    ("a red ring left of a red ring", False),
+])
+def test_relation_between_repeated_objects_needs_two_distinct_ones(caption, correct):
+    words = caption.split()
+    m = grounding_metrics([words], [_maps([(0, 0)] * len(words))], [[RING_A, RING_B, STAR]])
+    assert m["relation_accuracy"] == float(correct)

@@ -104,9 +104,10 @@ def test_choices_match_what_the_stages_accept():
     from components import distribute, evaluator, precision, train_data
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
-    from components.sources import SOURCES
+    from components.sources import BOXED_SOURCES, SOURCES
     choices = config_lib.CHOICES
     assert choices["data.source"] == tuple(SOURCES)
+    assert set(config_lib.BOXED_SOURCES) == BOXED_SOURCES
     assert choices["model.attention"] == show_attend_tell.ATTENTIONS
     assert choices["model.hard_inference"] == hard_attention.INFERENCE_MODES
     assert choices["model.reinforce_credit"] == objective.REINFORCE_CREDITS
