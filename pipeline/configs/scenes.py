@@ -17,7 +17,7 @@ but often the wrong kind or color: 23 % of the object phrases generated
 name a (color, kind) present in the image.
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+                             PipelineConfig, PreprocessConfig, TrainConfig)
 
 
 def get_config() -> PipelineConfig:
@@ -33,11 +33,10 @@ def get_config() -> PipelineConfig:
         # lambda = 0.01 and the hard attention warmup).
         model=ModelConfig(attention="soft", embedding_dim=64, hidden_dim=256,
                           attention_dim=128, dropout=0.1, doubly_stochastic_lambda=0.01,
-                          expected_alpha_warmup=672, reinforce_credit="token",
+                          expected_alpha_warmup_epochs=6, reinforce_credit="token",
                           reinforce_baseline="expected", entropy_lambda=0.0),
         train=TrainConfig(batch_size=64, epochs=24, learning_rate=2e-3, lr_schedule="cosine",
                           checkpoint_every=200, val_examples=256, patience=3),
         eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
                         thresholds={"Bleu_4": 0.1, "CIDEr": 0.5}),
-        push=PushConfig(beam_size=3, max_length=24),
     )
