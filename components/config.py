@@ -266,6 +266,8 @@ GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "grounding", "gr
 EVAL_METRICS = CAPTION_METRICS + GROUNDING_METRICS
 # The sources whose examples carry object boxes (the grounding metrics need them).
 BOXED_SOURCES = ("synthetic", "scenes")
+# Objects per image that each built-in synthetic source can draw, at most.
+MAX_OBJECTS = {"synthetic": 3, "scenes": 8}
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -315,9 +317,11 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")
-    if not 1 <= data.min_objects <= data.max_objects <= 3:
+    most = MAX_OBJECTS.get(data.source, 3)
+    if data.source in MAX_OBJECTS and not 1 <= data.min_objects <= data.max_objects <= most:
         raise ConfigError(f"data.min_objects={data.min_objects} and data.max_objects="
-                          f"{data.max_objects}: need 1 <= min_objects <= max_objects <= 3")
+                          f"{data.max_objects}: need 1 <= min_objects <= max_objects <= {most} "
+                          f"for data.source={data.source}")
     if data.val_fraction < 0 or data.test_fraction < 0 or \
             data.val_fraction + data.test_fraction >= 1:
         raise ConfigError(f"data.val_fraction={data.val_fraction} + data.test_fraction="

@@ -346,7 +346,7 @@ def test_source_is_registered_with_boxes():
 
 def test_example_gen_writes_scenes_with_boxes(tmp_path):
     import tensorflow as tf
-    from components import io_utils
+    from components import io_utils, schema
     from pipeline import config as config_lib
     from pipeline.runner import Runner
     config = config_lib.load_config("scenes", ["data.num_images=12", "data.image_size=32"])
@@ -358,13 +358,13 @@ def test_example_gen_writes_scenes_with_boxes(tmp_path):
         assert json.load(f)["properties"]["has_boxes"] is True
     expected = {r.image_id: r for r in scenes.generate(12, image_size=32, seed=0)}
     seen = 0
-    for split in io_utils.SPLITS:
-        for record in io_utils.read_records(io_utils.split_files(uri, split)):
+    for split in schema.SPLITS:
+        for record in io_utils.read_records(schema.split_files(uri, split)):
             f = tf.train.Example.FromString(record).features.feature
-            raw = expected[f["image/id"].bytes_list.value[0].decode()]
-            assert f["image/encoded"].bytes_list.value[0] == raw.image_bytes
-            assert [c.decode() for c in f["captions"].bytes_list.value] == list(raw.captions)
-            objects = io_utils.parse_objects(f)
+            raw = expected[f[schema.IMAGE_ID].bytes_list.value[0].decode()]
+            assert f[schema.IMAGE_ENCODED].bytes_list.value[0] == raw.image_bytes
+            assert [c.decode() for c in f[schema.CAPTIONS].bytes_list.value] == list(raw.captions)
+            objects = schema.parse_objects(f)
             assert [(o["color"], o["shape"], o["size"]) for o in objects] == [
                 (o["color"], o["shape"], o["size"]) for o in raw.objects]
             np.testing.assert_allclose([o["bbox"] for o in objects],

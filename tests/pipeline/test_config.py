@@ -90,6 +90,8 @@ def test_misspelled_sections_and_keys_get_a_suggestion():
 @pytest.mark.parametrize("overrides, message", [
     (["model.reinforce_baseline=expected"], "needs model.reinforce_credit=token"),
     (["data.min_objects=3", "data.max_objects=2"], "min_objects <= max_objects"),
+    (["data.max_objects=5"], "max_objects <= 3 for data.source=synthetic"),
+    (["data.source=scenes", "data.max_objects=9"], "max_objects <= 8 for data.source=scenes"),
     (["data.val_fraction=0.5", "data.test_fraction=0.5"], "leave images for train"),
     (["encoder.grid_size=5"], "times a power of two"),
     (["train.batch_size=0"], "train.batch_size=0 must be at least 1"),
@@ -108,6 +110,8 @@ def test_choices_match_what_the_stages_accept():
     choices = config_lib.CHOICES
     assert choices["data.source"] == tuple(SOURCES)
     assert set(config_lib.BOXED_SOURCES) == BOXED_SOURCES
+    from components.sources import scenes
+    assert config_lib.MAX_OBJECTS == {"synthetic": 3, "scenes": scenes.MAX_OBJECTS}
     assert choices["model.attention"] == show_attend_tell.ATTENTIONS
     assert choices["model.hard_inference"] == hard_attention.INFERENCE_MODES
     assert choices["model.reinforce_credit"] == objective.REINFORCE_CREDITS
