@@ -27,7 +27,7 @@ The last stdout line is one JSON object: `sizes`, `stages.<Stage>` with
 `peak_rss_mb`, `s_per_image`, `wall_s` and `artifact_bytes_per_image` (lists,
 one per size), `memory_growth` (over stages, the largest ratio of peak RSS
 at the largest size to the smallest size) and `time_growth` (the same for
-seconds per image). Targets (issue: paper scale): both <= 1.25 from 1,000 to
+seconds per image). Targets: both <= 1.25 from 1,000 to
 16,000 images, and no stage over 4 GB. Results: docs/SCALING.md.
 """
 from __future__ import annotations
@@ -44,6 +44,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks.train_step import cpu_model  # noqa: E402
 STAGES = ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer", "Evaluator", "Pusher")
 # Paper-shaped grids from the small CNN: 14x14x512 float16 (VGG19 block5_conv4's shape).
 PAPER_GRID = ("encoder.image_size=56", "encoder.grid_size=14", "encoder.width=128",
@@ -51,18 +53,6 @@ PAPER_GRID = ("encoder.image_size=56", "encoder.grid_size=14", "encoder.width=12
 # Short per-image work for the decoder stages: one pass over the data.
 RUN_SETTINGS = ("train.epochs=1", "train.checkpoint_every=200",
                 "train.log_every=50", "eval.num_figures=2")
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def tree_rss(pid: int) -> int:

@@ -94,6 +94,26 @@ def timed(call, seconds: float, at_least: int = 10) -> List[float]:
     return latencies
 
 
+def alternate(local_call, remote_call, seconds: float) -> tuple[list, list]:
+    """Latencies (s) of the two calls, alternated one by one after 2 s of warm-up.
+
+    Runs for `seconds` and at least 20 pairs, so that load from other
+    processes on a shared machine hits both alike.
+    """
+    local, served = [], []
+    warm_until = time.monotonic() + 2.0
+    while time.monotonic() < warm_until:
+        remote_call()
+        local_call()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline or len(served) < 20:
+        for call, out in ((local_call, local), (remote_call, served)):
+            start = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - start)
+    return local, served
+
+
 def overhead(local_call, address: str, model_name: str, image: bytes,
              seconds: float) -> Dict[str, float]:
     """Server vs in-process latency at concurrency 1.
@@ -104,19 +124,8 @@ def overhead(local_call, address: str, model_name: str, image: bytes,
     """
     from serving.client import CaptionClient
 
-    local, served = [], []
     with CaptionClient(address, model_name, timeout=120) as client:
-        remote_call = lambda: client.caption([image])
-        warm_until = time.monotonic() + 2.0
-        while time.monotonic() < warm_until:
-            remote_call()
-            local_call()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline or len(served) < 20:
-            for call, out in ((local_call, local), (remote_call, served)):
-                start = time.perf_counter()
-                call()
-                out.append(time.perf_counter() - start)
+        local, served = alternate(local_call, lambda: client.caption([image]), seconds)
     return {"in_process_p50_ms": 1e3 * percentile(local, 50),
             "in_process_p99_ms": 1e3 * percentile(local, 99),
             "served_p50_ms": 1e3 * percentile(served, 50),
@@ -150,18 +159,8 @@ def rest_overhead(local_call, rest_url: str, model_name: str, image: bytes,
             raise RuntimeError(f"REST predict failed: {response.status} {payload[:200]!r}")
         return json.loads(payload)
 
-    local, served = [], []
     try:
-        warm_until = time.monotonic() + 2.0
-        while time.monotonic() < warm_until:
-            remote_call()
-            local_call()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline or len(served) < 20:
-            for call, out in ((local_call, local), (remote_call, served)):
-                start = time.perf_counter()
-                call()
-                out.append(time.perf_counter() - start)
+        local, served = alternate(local_call, remote_call, seconds)
     finally:
         connection.close()
     return {"in_process_p50_ms": 1e3 * percentile(local, 50),

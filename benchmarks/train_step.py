@@ -50,7 +50,7 @@ SIZES = dict(batch=64, length=20, regions=64, dim=2048, embedding=256, hidden=51
 
 
 def cpu_model() -> str:
-    """The `lscpu` model name (or the platform's processor string)."""
+    """The CPU model name from /proc/cpuinfo (or the platform's processor string)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -21,3 +21,22 @@ class RawExample:
     captions: tuple = ()
     objects: tuple = ()
     split: Optional[str] = None
+
+
+def check_generator_args(min_objects: int, max_objects: int, most: int, image_size: int,
+                         smallest: int, captions_per_image: int) -> None:
+    """Raises ValueError for arguments a built-in synthetic generator cannot honour.
+
+    Args:
+      min_objects, max_objects: the requested objects per image.
+      most: the generator's largest object count.
+      image_size, smallest: the requested and the smallest image side.
+      captions_per_image: the requested references per image.
+    """
+    if not 1 <= min_objects <= max_objects <= most:
+        raise ValueError(f"need 1 <= min_objects <= max_objects <= {most}, got "
+                         f"{min_objects}, {max_objects}")
+    if image_size < smallest:
+        raise ValueError(f"image_size must be >= {smallest}, got {image_size}")
+    if captions_per_image < 1:
+        raise ValueError("captions_per_image must be >= 1")

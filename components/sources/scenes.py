@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from components.sources import scenes_grammar as grammar
-from components.sources.base import RawExample
+from components.sources.base import RawExample, check_generator_args
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.01              # min distance of a box from the image border
@@ -72,13 +72,8 @@ def generate(num_images: int, image_size: int = 64, min_objects: int = 3,
       with `bbox` (ymin, xmin, ymax, xmax, normalized), `color`, `shape` (the
       kind), `size` and `visible` (the fraction of its pixels in view).
     """
-    if not 1 <= min_objects <= max_objects <= MAX_OBJECTS:
-        raise ValueError(f"need 1 <= min_objects <= max_objects <= {MAX_OBJECTS}, got "
-                         f"{min_objects}, {max_objects}")
-    if image_size < 32:
-        raise ValueError(f"image_size must be >= 32, got {image_size}")
-    if captions_per_image < 1:
-        raise ValueError("captions_per_image must be >= 1")
+    check_generator_args(min_objects, max_objects, MAX_OBJECTS, image_size, 32,
+                         captions_per_image)
     for index in range(start, start + num_images):
         yield make_example(index, image_size=image_size, min_objects=min_objects,
                            max_objects=max_objects, captions_per_image=captions_per_image,

@@ -29,7 +29,7 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from components.sources import shapes_grammar
-from components.sources.shapes_grammar import (ARTICLES, INVERSE, ParsedCaption, Relation,
+from components.sources.shapes_grammar import (ARTICLES, INVERSE, ParsedCaption,
                                                box_center)
 
 # Saturated object colors; backgrounds stay dark and desaturated.
@@ -198,21 +198,13 @@ def parse_caption(caption: str | Sequence[str]) -> ParsedCaption:
             i += 1
             continue
         # The shapes parser's own relation phrases, so both read relations alike.
-        for pattern, kind in shapes_grammar._RELATION_PATTERNS:
-            if words[i:i + len(pattern)] == pattern:
-                spans.append((i, i + len(pattern), kind))
-                used_until = i + len(pattern)
-                i += len(pattern) - 1
-                break
+        span = shapes_grammar.relation_span(words, i)
+        if span:
+            spans.append(span)
+            used_until = i = span[1]
+            continue
         i += 1
-    relations = []
-    for start, end, kind in spans:
-        before = [k for k, o in enumerate(objects) if o.end <= start]
-        after = [k for k, o in enumerate(objects) if o.start >= end]
-        if before and after:
-            relations.append(Relation(start, end, kind, before[-1], after[0]))
-    return ParsedCaption(words, tuple(objects), relations[0] if relations else None,
-                         tuple(relations))
+    return shapes_grammar.caption_with_relations(words, objects, spans)
 
 
 def clear_relation(box_a: Sequence[float], box_b: Sequence[float]) -> Optional[str]:

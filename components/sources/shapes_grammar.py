@@ -294,13 +294,25 @@ def parse_caption(caption: str | Sequence[str]) -> ParsedCaption:
             used_until = i + 1
             i += 1
             continue
-        for pattern, kind in _RELATION_PATTERNS:
-            if words[i:i + len(pattern)] == pattern:
-                spans.append((i, i + len(pattern), kind))
-                used_until = i + len(pattern)
-                i += len(pattern) - 1
-                break
+        span = relation_span(words, i)
+        if span:
+            spans.append(span)
+            used_until = i = span[1]
+            continue
         i += 1
+    return caption_with_relations(words, objects, spans)
+
+
+def relation_span(words: Sequence[str], i: int) -> Optional[tuple[int, int, str]]:
+    """`(start, end, kind)` of the relation phrase starting at word `i`, or None."""
+    for pattern, kind in _RELATION_PATTERNS:
+        if tuple(words[i:i + len(pattern)]) == pattern:
+            return i, i + len(pattern), kind
+    return None
+
+
+def caption_with_relations(words, objects, spans) -> "ParsedCaption":
+    """The `ParsedCaption`: each relation span links the nearest object phrases around it."""
     relations = []
     for start, end, kind in spans:
         before = [k for k, o in enumerate(objects) if o.end <= start]

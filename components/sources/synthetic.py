@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from components.sources import shapes_grammar as grammar
-from components.sources.base import RawExample
+from components.sources.base import RawExample, check_generator_args
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.02              # min distance of a box from the image border
@@ -52,13 +52,7 @@ def generate(num_images: int, image_size: int = 64, min_objects: int = 1,
       `captions`, and `objects`: dicts with `bbox` (ymin, xmin, ymax, xmax,
       normalized), `color`, `shape`, `size`, in the primary caption's order.
     """
-    if not 1 <= min_objects <= max_objects <= 3:
-        raise ValueError(f"need 1 <= min_objects <= max_objects <= 3, got "
-                         f"{min_objects}, {max_objects}")
-    if image_size < 16:
-        raise ValueError(f"image_size must be >= 16, got {image_size}")
-    if captions_per_image < 1:
-        raise ValueError("captions_per_image must be >= 1")
+    check_generator_args(min_objects, max_objects, 3, image_size, 16, captions_per_image)
     for index in range(start, start + num_images):
         yield make_example(index, image_size=image_size, min_objects=min_objects,
                            max_objects=max_objects, captions_per_image=captions_per_image,

@@ -16,27 +16,20 @@ Bleu_4 0.247, CIDEr 0.817, METEOR 0.240, ROUGE_L 0.501, grounding 0.748
 but often the wrong kind or color: 23 % of the object phrases generated
 name a (color, kind) present in the image.
 """
-from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, TrainConfig)
+import dataclasses
+
+from pipeline.config import PipelineConfig
+from pipeline.configs import demo
 
 
 def get_config() -> PipelineConfig:
-    return PipelineConfig(
-        name="scenes",
-        data=DataConfig(source="scenes", num_images=8000, image_size=64, seed=0,
-                        min_objects=3, max_objects=8, captions_per_image=5,
-                        val_fraction=0.05, test_fraction=0.05, num_shards=4),
-        encoder=EncoderConfig(kind="small_cnn", image_size=64, width=16, grid_size=8,
-                              batch_size=64, max_epochs=12, patience=2, min_delta=0.005),
-        preprocess=PreprocessConfig(max_batch_size=128, min_batch_size=16, num_shards=4),
-        # The demo's decoder and penalty (see pipeline/configs/demo.py for why
-        # lambda = 0.01 and the hard attention warmup).
-        model=ModelConfig(attention="soft", embedding_dim=64, hidden_dim=256,
-                          attention_dim=128, dropout=0.1, doubly_stochastic_lambda=0.01,
-                          expected_alpha_warmup_epochs=6, reinforce_credit="token",
-                          reinforce_baseline="expected", entropy_lambda=0.0),
-        train=TrainConfig(batch_size=64, epochs=24, learning_rate=2e-3, lr_schedule="cosine",
-                          checkpoint_every=200, val_examples=256, patience=3),
-        eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
-                        thresholds={"Bleu_4": 0.1, "CIDEr": 0.5}),
+    # The demo's encoder, preprocessing, decoder, schedule and decoding (see
+    # pipeline/configs/demo.py for why lambda = 0.01 and the hard attention
+    # warmup); other data and blessing thresholds.
+    base = demo.get_config()
+    return dataclasses.replace(
+        base, name="scenes",
+        data=dataclasses.replace(base.data, source="scenes", min_objects=3, max_objects=8,
+                                 captions_per_image=5),
+        eval=dataclasses.replace(base.eval, thresholds={"Bleu_4": 0.1, "CIDEr": 0.5}),
     )

@@ -65,7 +65,8 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
 from serving.image_headers import ImageHeaderError, check_pixels
 from serving.tensors import ndarray_to_tensor_proto, short_dtype_name
 from tests.serving.conftest import BLUE, GREEN, RED
-from tests.serving.fixtures import b64, expected_caption, publish_version, solid_image
+from tests.serving.fixtures import (b64, expected_caption, publish_version, recv_until_closed,
+                                    solid_image)
 from tests.serving.test_server import png_header, predict_request
 
 MAX_REQUEST_BYTES = 256 * 1024
@@ -1156,15 +1157,7 @@ class RestClient:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:  # the server may answer and close before reading it all
                 pass
-            data = b""
-            while True:
-                try:
-                    chunk = sock.recv(65536)
-                except ConnectionResetError:
-                    break
-                if not chunk:
-                    break
-                data += chunk
+            data = recv_until_closed(sock)
         if not data:
             return "closed", ""
         match = re.match(rb"HTTP/1\.[01] (\d{3}) ", data)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
-from tests.serving.fixtures import b64, solid_image
+from tests.serving.fixtures import b64, recv_until_closed, solid_image
 
 PREDICT = "/v1/models/captioner:predict"
 STATUS = "GET /v1/models/captioner HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -23,15 +23,7 @@ def exchange(port: int, raw: bytes, half_close: bool = True, timeout: float = 30
         sock.sendall(raw)
         if half_close:
             sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            data += chunk
+        data = recv_until_closed(sock)
     responses = []
     while data:
         match = re.match(rb"HTTP/1\.1 (\d{3}) [^\r]*\r\n(.*?)\r\n\r\n", data, re.S)

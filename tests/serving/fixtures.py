@@ -218,3 +218,24 @@ def rest_call(url: str, path: str, body=None, raw: bytes | None = None, method=N
 def b64(data: bytes) -> dict:
     """The REST API's JSON form of binary data."""
     return {"b64": base64.b64encode(data).decode()}
+
+
+def recv_until_closed(sock) -> bytes:
+    """Every byte the peer sends on `sock` until it closes (or resets) the connection."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def stop_process(process) -> None:
+    """Kills `process` (a `subprocess.Popen`) if it is still running, and reaps it."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()

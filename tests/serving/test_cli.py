@@ -15,7 +15,7 @@ from PIL import Image
 from serving.client import CaptionClient, caption_main
 from serving.server import build_parser, _batching_from_args
 from tests.serving.conftest import BLUE, RED
-from tests.serving.fixtures import expected_caption, solid_image
+from tests.serving.fixtures import expected_caption, solid_image, stop_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -47,9 +47,7 @@ def test_serve_main_prints_ports_serves_and_stops_on_sigterm(make_base):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def test_serve_arguments():

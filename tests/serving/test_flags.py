@@ -16,7 +16,8 @@ from serving.client import CaptionClient
 from serving.flags import TF_SERVING_REFUSED, TF_SERVING_SUPPORTED, build_parser, refused_flag
 from serving.server import main
 from tests.serving.conftest import RED
-from tests.serving.fixtures import expected_caption, publish_version, rest_call, solid_image
+from tests.serving.fixtures import (expected_caption, publish_version, rest_call, solid_image,
+                                    stop_process)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Every flag of tensorflow_model_server (tensorflow_serving/model_servers/main.cc).
@@ -151,6 +152,4 @@ def test_the_docs_docker_command_line_runs_unchanged(tmp_path, model_store):
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_process(process)
