@@ -32,14 +32,10 @@ from components.sources import shapes_grammar
 from components.sources.shapes_grammar import (ARTICLES, INVERSE, ParsedCaption,
                                                box_center)
 
-# Saturated object colors; backgrounds stay dark and desaturated.
+# Saturated object colors (the shapes' six, then three more); backgrounds
+# stay dark and desaturated.
 COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (230, 30, 30),
-    "green": (30, 200, 50),
-    "blue": (40, 90, 255),
-    "yellow": (245, 235, 30),
-    "purple": (170, 50, 230),
-    "orange": (255, 140, 0),
+    **shapes_grammar.COLORS,
     "pink": (255, 120, 200),
     "cyan": (30, 225, 235),
     "white": (240, 240, 240),

@@ -15,7 +15,7 @@ from components.sources import scenes
 from components.sources import scenes_grammar as g
 from components.sources import shapes_grammar
 from components.sources import synthetic
-from components.sources.base import RawExample
+from tests.components.sources.raw_examples import decoded_png_example
 
 N = 120
 
@@ -58,11 +58,7 @@ def test_same_seed_gives_identical_bytes_and_start_continues_the_stream():
 
 def test_examples_are_png_raw_examples_with_3_to_8_objects(examples):
     ex = examples[0]
-    assert isinstance(ex, RawExample)
-    assert ex.image_id == "scenes-000000" and ex.image_path is None and ex.split is None
-    assert ex.image_bytes[:8] == b"\x89PNG\r\n\x1a\n"
-    image = _decode(ex)
-    assert image.shape == (64, 64, 3) and image.dtype == np.uint8
+    decoded_png_example(ex, "scenes-000000", 64)
     assert all(len(e.captions) == 5 for e in examples)
     counts = Counter(len(e.objects) for e in examples)
     assert set(counts) == set(range(3, 9))

@@ -8,7 +8,7 @@ from PIL import Image
 
 from components.sources import shapes_grammar as g
 from components.sources import synthetic
-from components.sources.base import RawExample
+from tests.components.sources.raw_examples import decoded_png_example
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,7 @@ def test_same_seed_gives_identical_bytes_and_start_continues_the_stream():
 
 def test_examples_are_raw_examples_with_png_images(examples):
     ex = examples[0]
-    assert isinstance(ex, RawExample)
-    assert ex.image_id == "shapes-000000" and ex.image_path is None and ex.split is None
-    assert ex.image_bytes[:8] == b"\x89PNG\r\n\x1a\n"
-    image = _decode(ex)
-    assert image.shape == (64, 64, 3) and image.dtype == np.uint8
+    decoded_png_example(ex, "shapes-000000", 64)
     assert len(ex.captions) == 5 and all(isinstance(c, str) for c in ex.captions)
     assert {len(e.objects) for e in examples} == {1, 2, 3}
 

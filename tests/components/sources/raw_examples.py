@@ -1,0 +1,17 @@
+"""Checks shared by the tests of the built-in synthetic sources."""
+import io
+
+import numpy as np
+from PIL import Image
+
+from components.sources.base import RawExample
+
+
+def decoded_png_example(ex, image_id: str, size: int) -> np.ndarray:
+    """Asserts `ex` is an in-memory PNG `RawExample` named `image_id`; returns its pixels."""
+    assert isinstance(ex, RawExample)
+    assert ex.image_id == image_id and ex.image_path is None and ex.split is None
+    assert ex.image_bytes[:8] == b"\x89PNG\r\n\x1a\n"
+    image = np.asarray(Image.open(io.BytesIO(ex.image_bytes)))
+    assert image.shape == (size, size, 3) and image.dtype == np.uint8
+    return image
