@@ -1,7 +1,8 @@
 """SIGTERM with a request in flight: the answer is still sent (REST and gRPC alike).
 
-The server process gets SIGTERM while one request (about 2 s of model work)
-is running and nothing else is; the request must get its full, correct
+The server process gets SIGTERM a quarter of the way into one request (its
+duration measured on a warm call first, so the test holds on a quiet host and
+a loaded one) while nothing else runs; the request must get its full, correct
 answer, and the process must then exit 0.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.serving.fixtures import (b64, build_fixture_model, expected_caption, 
                                     solid_image)
 
 RED = (220, 30, 30)
-# Decoder work per request: about 2 s on 2 cores (FixtureCaptioner).
+# Decoder work per request: 0.3-2 s on 2 cores, depending on the load (FixtureCaptioner).
 SLOW = dict(decoder_units=512, decoder_steps=4000)
 
 
@@ -65,7 +66,10 @@ def test_sigterm_drains_the_request_in_flight(api, slow_base, tmp_path):
     server = _start(slow_base, tmp_path)
     try:
         call = _rest_predict if api == "rest" else _grpc_predict
-        call(server)  # the first run traces; the measured one is warm
+        call(server)  # the first run traces
+        started = time.monotonic()
+        call(server)
+        warm = time.monotonic() - started  # ~0.3 s on a quiet host, seconds under load
         result = {}
 
         def client():
@@ -77,7 +81,7 @@ def test_sigterm_drains_the_request_in_flight(api, slow_base, tmp_path):
 
         thread = threading.Thread(target=client)
         thread.start()
-        time.sleep(0.5)  # the request is now running (it takes about 2 s)
+        time.sleep(warm / 4)  # the request is now running, well before it ends
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         thread.join(60)
