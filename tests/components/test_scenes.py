@@ -15,7 +15,7 @@ from components.sources import scenes
 from components.sources import scenes_grammar as g
 from components.sources import shapes_grammar
 from components.sources import synthetic
-from tests.components.sources.raw_examples import decoded_png_example
+from tests.components.sources.raw_examples import check_object, decoded_png_example
 
 N = 120
 
@@ -77,11 +77,8 @@ def test_size_and_object_range_are_configurable():
 def test_objects_have_known_attributes_boxes_inside_and_sizes_in_range(examples):
     for ex in examples:
         for o in ex.objects:
-            ymin, xmin, ymax, xmax = o["bbox"]
-            assert 0 <= ymin < ymax <= 1 and 0 <= xmin < xmax <= 1
-            lo, hi = g.SIZES[o["size"]]
-            assert lo - 1e-5 <= ymax - ymin <= hi + 1e-5
-            assert ymax - ymin == pytest.approx(xmax - xmin, abs=1e-5)
+            height, width = check_object(o, g.SIZES)
+            assert height == pytest.approx(width, abs=1e-5)
             assert o["color"] in g.COLORS and o["shape"] in g.KINDS
             assert scenes.MIN_VISIBLE <= o["visible"] <= 1.0
     # occlusion and repeated objects both occur, but not everywhere

@@ -8,7 +8,7 @@ from PIL import Image
 
 from components.sources import shapes_grammar as g
 from components.sources import synthetic
-from tests.components.sources.raw_examples import decoded_png_example
+from tests.components.sources.raw_examples import check_object, decoded_png_example
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,7 @@ def test_image_size_and_object_count_are_configurable():
 def test_objects_are_inside_apart_distinct_and_sized(examples):
     for ex in examples:
         for o in ex.objects:
-            ymin, xmin, ymax, xmax = o["bbox"]
-            assert 0 <= ymin < ymax <= 1 and 0 <= xmin < xmax <= 1
-            lo, hi = g.SIZES[o["size"]]
-            assert lo - 1e-5 <= ymax - ymin <= hi + 1e-5
+            check_object(o, g.SIZES)
             assert o["color"] in g.COLORS and o["shape"] in g.SHAPES
         assert len({(o["color"], o["shape"]) for o in ex.objects}) == len(ex.objects)
         for a, b in itertools.combinations(ex.objects, 2):
