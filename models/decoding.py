@@ -115,6 +115,62 @@ def _greedy(model, annotations, max_length, mask, use_products):
     return {"tokens": tokens, "lengths": lengths, "scores": scores, "attention": attention}
 
 
+def sample_decode(model, annotations, num_samples: int, max_length: int, seed, mask=None,
+                  temperature: float = 1.0):
+    """Samples `num_samples` captions per image from the model's word distribution.
+
+    Inference mode (no dropout; hard attention per `hard_inference`), so the
+    captions are drawn from the same policy that `model.teacher_forced(...,
+    training=False)` scores: self-critical training (`models.scst`) samples
+    here and differentiates there. Each step draws with a stateless op keyed
+    by `(seed, step)`, so a given seed gives the same captions on any device.
+
+    Args:
+      model: a built `ShowAttendTell`.
+      annotations: (batch, L, D) float.
+      num_samples: captions per image, K.
+      max_length: most words to emit (`<end>` included).
+      seed: int32/int64 tensor of shape (2,).
+      mask: optional (batch, L) bool over regions.
+      temperature: divides the logits before sampling (1 = the model's distribution).
+    Returns:
+      dict: `tokens` int32 (batch, K, max_length) as `greedy_decode` writes
+      them (no `<start>`, `<end>` when emitted, then `<pad>`); `lengths`
+      int32 (batch, K), words incl. `<end>`.
+    """
+    k = int(num_samples)
+    annotations = tf.convert_to_tensor(annotations)
+    batch = tf.shape(annotations)[0]
+    rows = batch * k
+    if mask is not None:
+        mask = tf.repeat(tf.cast(mask, tf.bool), k, axis=0)
+    projected = tf.repeat(model.project_annotations(annotations), k, axis=0)
+    annotations = tf.repeat(annotations, k, axis=0)                   # (batch*k, L, D)
+    state = model.initial_state(annotations, mask)
+    seed = tf.cast(seed, tf.int64)
+
+    def body(t, prev, state, finished, lengths, tokens):
+        log_probs, _, state = model.decode_step(prev, state, annotations, projected, mask)
+        logits = _forbid_reserved(log_probs) / temperature
+        step_seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(t, tf.int64))
+        word = tf.random.stateless_categorical(logits, 1, seed=step_seed, dtype=tf.int32)[:, 0]
+        word = tf.where(finished, PAD_ID, word)
+        tokens = _write_column(tokens, t, word)
+        lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
+        finished = tf.logical_or(finished, tf.equal(word, END_ID))
+        return t + 1, word, state, finished, lengths, tokens
+
+    def cond(t, prev, state, finished, *_):
+        return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
+
+    loop_vars = (tf.constant(0), tf.fill([rows], START_ID), state, tf.zeros([rows], tf.bool),
+                 tf.zeros([rows], tf.int32), tf.zeros([rows, max_length], tf.int32))
+    _, _, _, _, lengths, tokens = tf.while_loop(cond, body, loop_vars,
+                                                maximum_iterations=max_length)
+    return {"tokens": tf.reshape(tokens, [batch, k, max_length]),
+            "lengths": tf.reshape(lengths, [batch, k])}
+
+
 def beam_search(model, annotations, beam_size: int, max_length: int,
                 length_normalization: float = 0.0, mask=None, context_products="auto"):
     """Batched beam search until every beam has emitted `<end>` (or `max_length`).

@@ -1,0 +1,108 @@
+"""Self-critical training pieces: sampling from the model, rewards, baselines, the policy gradient."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models import scst
+from models.cider_d import CiderD
+from models.decoding import greedy_decode, sample_decode
+from models.text import END_ID, PAD_ID
+from tests.models.tiny import VOCAB, annotations, make_model
+
+SEED = tf.constant([3, 7], tf.int64)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_sampling_is_seeded_and_pads_after_the_end(attention):
+    model = make_model(attention, seed=1)
+    a = annotations(batch=3)
+    first = sample_decode(model, a, num_samples=4, max_length=7, seed=SEED)
+    again = sample_decode(model, a, num_samples=4, max_length=7, seed=SEED)
+    other = sample_decode(model, a, num_samples=4, max_length=7, seed=SEED + 1)
+    tokens = first["tokens"].numpy()
+    assert tokens.shape == (3, 4, 7)
+    np.testing.assert_array_equal(tokens, again["tokens"].numpy())
+    assert not np.array_equal(tokens, other["tokens"].numpy())
+    lengths = first["lengths"].numpy()
+    for row, n in zip(tokens.reshape(12, 7), lengths.reshape(12)):
+        assert (row[n:] == PAD_ID).all() and (row[:n] != PAD_ID).all()
+        assert END_ID not in row[:n - 1]
+        assert row[0] not in (0, 1)        # never <pad> or <start>
+
+
+def test_the_first_word_follows_the_model_distribution():
+    model = make_model("soft", seed=4)
+    a = annotations(batch=1)
+    out = sample_decode(model, a, num_samples=4000, max_length=1, seed=SEED)
+    counts = np.bincount(out["tokens"].numpy()[0, :, 0], minlength=VOCAB) / 4000.0
+    log_probs, _, _ = model.decode_step(np.ones(1, "int32"), model.initial_state(a), a,
+                                        model.project_annotations(a))
+    probs = np.exp(np.asarray(log_probs)[0])
+    probs[:2] = 0.0                       # <pad>, <start> are never emitted
+    probs /= probs.sum()
+    np.testing.assert_allclose(counts, probs, atol=0.025)
+
+
+def _scorer():
+    refs = [[[5, 6, 7]], [[8, 9]], [[10, 11, 12]]]
+    return CiderD.from_references(refs, VOCAB), np.array(
+        [[[1, 5, 6, 7, 2]], [[1, 8, 9, 2, 0]], [[1, 10, 11, 12, 2]]], np.int32)
+
+
+def test_baselines_greedy_and_mean_of_the_others():
+    model = make_model("soft", seed=2)
+    scorer, refs = _scorer()
+    a = annotations(batch=3)
+    mean = scst.sample_and_reward(model, a, refs, scorer, num_samples=3, max_length=5,
+                                  seed=SEED, baseline="mean")
+    r = mean["reward"].numpy()
+    expected = (r.sum(1, keepdims=True) - r) / 2.0
+    np.testing.assert_allclose(mean["baseline"].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(mean["advantage"].numpy(), r - expected, rtol=1e-6, atol=1e-6)
+    greedy = scst.sample_and_reward(model, a, refs, scorer, num_samples=3, max_length=5,
+                                    seed=SEED, baseline="greedy")
+    g = greedy_decode(model, a, 5)["tokens"].numpy()[:, None]
+    np.testing.assert_allclose(greedy["greedy_reward"].numpy(), scorer(g, refs).numpy()[:, 0])
+    np.testing.assert_allclose(greedy["baseline"].numpy(),
+                               np.repeat(greedy["greedy_reward"].numpy()[:, None], 3, 1))
+    with pytest.raises(ValueError, match="num_samples >= 2"):
+        scst.sample_and_reward(model, a, refs, scorer, num_samples=1, max_length=5,
+                               seed=SEED, baseline="mean")
+
+
+def test_policy_terms_are_the_advantage_weighted_sample_likelihood():
+    model = make_model("soft", seed=3)
+    a = annotations(batch=2)
+    tokens = np.array([[[5, 6, 2, 0]], [[7, 2, 0, 0]]], np.int32)
+    ones = scst.policy_loss_terms(model, a, tokens, np.ones((2, 1), np.float32))
+    np.testing.assert_allclose(ones["policy_sum"], ones["nll_sum"], rtol=1e-6)
+    assert float(ones["sample_tokens"]) == 5.0
+    halves = scst.policy_loss_terms(model, a, tokens, np.array([[0.5], [-2.0]], np.float32))
+    per_caption = []
+    for row in range(2):
+        one = scst.policy_loss_terms(model, a[row:row + 1], tokens[row:row + 1],
+                                     np.ones((1, 1), np.float32))
+        per_caption.append(float(one["nll_sum"]))
+    np.testing.assert_allclose(halves["policy_sum"], 0.5 * per_caption[0] - 2.0 * per_caption[1],
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_a_step_on_a_rewarded_sample_makes_it_likelier(attention):
+    model = make_model(attention, seed=5)
+    a = annotations(batch=1)
+    tokens = np.array([[[9, 4, 2, 0]]], np.int32)
+    optimizer = keras.optimizers.SGD(0.5)
+
+    def nll():
+        return float(scst.policy_loss_terms(model, a, tokens, np.ones((1, 1), "float32"))["nll_sum"])
+
+    before = nll()
+    with tf.GradientTape() as tape:
+        terms = scst.policy_loss_terms(model, a, tokens, np.ones((1, 1), "float32"))
+    grads = tape.gradient(terms["policy_sum"], model.trainable_variables)
+    assert any(g is not None and float(tf.norm(tf.convert_to_tensor(g))) > 0 for g in grads)
+    optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables)
+                               if g is not None])
+    assert nll() < before
