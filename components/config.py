@@ -121,7 +121,7 @@ class TrainConfig:
     lr_schedule: str = "constant"      # constant | cosine
     warmup_steps: int = 0              # linear warmup steps
     clip_norm: float = 5.0             # global gradient norm clip (0 = off)
-    early_stopping_metric: str = "val_loss"  # val_loss | bleu4
+    early_stopping_metric: str = "val_loss"  # val_loss | bleu4 | cider
     patience: int = 3                  # epochs without improvement before stopping
     val_examples: int = 256            # validation images for early stopping
     checkpoint_every: int = 200        # steps between checkpoints (resume after a crash)
@@ -134,6 +134,16 @@ class TrainConfig:
     jit_compile: bool = False          # XLA-compile the train step
     seed: int = 0                      # model init, shuffling and caption sampling
     log_every: int = 20                # steps between TensorBoard scalar summaries
+    init_model: str = ""               # start from this Model folder (or .keras file) instead of fresh weights
+    # Self-critical sequence training (docs/scst.md)
+    objective: str = "xe"              # xe (cross-entropy, the paper) | scst (cross-entropy, then self-critical fine-tuning on CIDEr-D)
+    scst_epochs: int = 5               # scst: epoch limit of the self-critical phase (early stopping on val CIDEr)
+    scst_learning_rate: float = 5e-5   # scst: Adam learning rate (constant)
+    scst_samples: int = 5              # scst: captions sampled per image and step
+    scst_baseline: str = "greedy"      # scst: greedy (the reward of the greedy caption) | mean (of the image's other samples)
+    scst_xe_weight: float = 0.0        # scst: weight of the cross-entropy loss mixed into the self-critical loss
+    scst_max_length: int = 0           # scst: longest sampled caption in words (0 = the longest training reference + 1)
+    scst_require_converged: bool = True  # scst: refuse to start from a model whose val_loss still fell >= 1% in its last epoch
 
 
 @dataclass(frozen=True)
@@ -253,7 +263,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.strategy": ("default", "mirrored", "multi_worker"),
     "train.optimizer": ("adam", "rmsprop"),
     "train.lr_schedule": ("constant", "cosine"),
-    "train.early_stopping_metric": ("val_loss", "bleu4"),
+    "train.early_stopping_metric": ("val_loss", "bleu4", "cider"),
+    "train.objective": ("xe", "scst"),
+    "train.scst_baseline": ("greedy", "mean"),
     "train.cache": ("auto", "true", "false"),
     "encoder.mixed_precision": ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
     "train.mixed_precision": ("auto", "float32", "mixed_float16", "mixed_bfloat16"),
@@ -314,6 +326,13 @@ def validate(config: PipelineConfig) -> PipelineConfig:
             raise ConfigError(f"eval.thresholds: {metric} is computed only for "
                               f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
                               f"boxes), not {data.source!r}")
+    tcfg = config.train
+    if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
+        raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
+                          f"samples: it needs train.scst_samples >= 2, got {tcfg.scst_samples}")
+    if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
+        raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
+                          "train.scst_epochs >= 1")
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")
@@ -350,7 +369,8 @@ def validate(config: PipelineConfig) -> PipelineConfig:
 _PATH_KEYS = (("ExampleGen", "data.captions_json", "file"),
               ("ExampleGen", "data.images_dir", "dir"),
               ("ExampleGen", "data.tfds_data_dir", "dir"),
-              ("EncoderTrainer", "encoder.weights", "file"))
+              ("EncoderTrainer", "encoder.weights", "file"),
+              ("Trainer", "train.init_model", "path"))
 
 
 def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> None:
@@ -384,9 +404,11 @@ def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> 
             continue
         if not path:
             continue
-        exists = os.path.isfile(path) if kind == "file" else os.path.isdir(path)
+        exists = (os.path.exists(path) if kind == "path" else
+                  os.path.isfile(path) if kind == "file" else os.path.isdir(path))
         if not exists:
-            what = "a file" if kind == "file" else "a folder"
+            what = ("a Model folder or .keras file" if kind == "path" else
+                    "a file" if kind == "file" else "a folder")
             found = (" (it is a folder)" if kind == "file" and os.path.isdir(path) else
                      " (it is a file)" if kind == "dir" and os.path.isfile(path) else
                      " (it does not exist)")

@@ -39,6 +39,7 @@ COUNTS_FILE = "counts.json"
 MODEL_FILE = "model.keras"
 BEST_MODEL_FILE = "best.keras"
 MODEL_CONFIG_FILE = "model_config.json"
+HISTORY_FILE = "history.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
 
@@ -164,10 +165,13 @@ ARTIFACT_LAYOUTS = (
          (CHECKPOINTS_DIR + "/", "the final `tf.train.CheckpointManager` checkpoint"),
          (LOGS_DIR + "/", "TensorBoard logs"),
          (MODEL_CONFIG_FILE, "the `model` config section, vocabulary size, grid shape and "
-          "mixed-precision policy")),
+          "mixed-precision policy"),
+         (HISTORY_FILE, "one validation row per epoch (`\"phase\": \"scst\"` on the "
+          "self-critical epochs); `train.init_model` checks convergence on it")),
         notes="`properties` include `mixed_precision` (the Keras policy trained in, "
               "`train.mixed_precision=auto` resolved), `mixed_precision_requested` and "
-              "`mixed_precision_reason`."),
+              "`mixed_precision_reason`; `objective`, and with `train.objective=scst` a `scst` "
+              "record (start model, epochs, best validation CIDEr, samples, baseline)."),
     ArtifactLayout(
         "Evaluation", "Evaluator",
         (("metrics.json", "the coco-caption metrics (and grounding where boxes exist)"),
@@ -377,6 +381,21 @@ def parse_annotations(serialized, grid_shape: Sequence[int]) -> dict:
     grid = tf.reshape(tf.io.decode_raw(ex[GRID], tf.float16), [h * w, d])
     return {"annotations": grid,
             "tokens": tf.cast(tf.sparse.to_dense(ex[CAPTION_TOKENS]), tf.int32),
+            "lengths": tf.cast(tf.sparse.to_dense(ex[CAPTION_LENGTHS]), tf.int32)}
+
+
+def parse_caption_tokens(serialized) -> dict:
+    """TensorFlow parser of one Annotations record's captions only (no grid is read).
+
+    Returns:
+      `tokens` (every caption concatenated, each `<start> .. <end>`) and
+      `lengths` (of each caption), int32.
+    """
+    import tensorflow as tf
+    ex = tf.io.parse_single_example(serialized, {
+        CAPTION_TOKENS: tf.io.VarLenFeature(tf.int64),
+        CAPTION_LENGTHS: tf.io.VarLenFeature(tf.int64)})
+    return {"tokens": tf.cast(tf.sparse.to_dense(ex[CAPTION_TOKENS]), tf.int32),
             "lengths": tf.cast(tf.sparse.to_dense(ex[CAPTION_LENGTHS]), tf.int32)}
 
 

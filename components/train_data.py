@@ -72,7 +72,7 @@ def _read(files: Sequence[str], parallel_reads: int) -> tf.data.Dataset:
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def pick_caption(index, record, seed: int, epoch):
+def pick_caption(index, record, seed: int, epoch, references: bool = False):
     """One of the image's captions, drawn with a stateless op seeded by (seed, epoch, index).
 
     Args:
@@ -80,8 +80,10 @@ def pick_caption(index, record, seed: int, epoch):
       record: from `schema.parse_annotations`.
       seed: `train.seed`.
       epoch: int or int64 scalar.
+      references: also return every caption of the image.
     Returns:
-      dict: `annotations` (L, D) float16, `tokens` (n,) int32 one caption.
+      dict: `annotations` (L, D) float16, `tokens` (n,) int32 one caption;
+      with `references`, `references` (R, T) int32, every caption, PAD-padded.
     """
     key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
     key = tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
@@ -89,8 +91,12 @@ def pick_caption(index, record, seed: int, epoch):
     k = tf.random.stateless_uniform([], seed=key, minval=0, maxval=tf.size(lengths),
                                     dtype=tf.int32)
     start = tf.reduce_sum(lengths[:k])
-    return {"annotations": record["annotations"],
-            "tokens": record["tokens"][start:start + lengths[k]]}
+    out = {"annotations": record["annotations"],
+           "tokens": record["tokens"][start:start + lengths[k]]}
+    if references:
+        out["references"] = tf.RaggedTensor.from_row_lengths(
+            record["tokens"], lengths).to_tensor(default_value=PAD_ID)
+    return out
 
 
 def _pad_time(batch, multiple: int):
@@ -122,6 +128,8 @@ class TrainData:
       dtype: the annotations' dtype in the batches (the compute dtype).
       pad_multiple: pad the time axis to a multiple of this (1 = the batch max).
       parallel_reads: files read at once.
+      references: batches also hold `references` (b, R, T'), every caption
+        of each image (self-critical training scores samples against them).
     """
     files: Sequence[str]
     grid_shape: Sequence[int]
@@ -135,6 +143,7 @@ class TrainData:
     dtype: str = "float32"
     pad_multiple: int = 1
     parallel_reads: int = 8
+    references: bool = False
 
     def __post_init__(self):
         if not self.files:
@@ -183,7 +192,8 @@ class TrainData:
           epochs: how many epochs.
         Returns:
           A dataset of `{"annotations": (b, L, D), "tokens": (b, T)}` with
-          `b` the per-replica batch, `T` the longest caption of the batch.
+          `b` the per-replica batch, `T` the longest caption of the batch
+          (and `references` (b, R, T') when `references` is set).
         """
         pipelines = input_context.num_input_pipelines if input_context else 1
         pipeline_id = input_context.input_pipeline_id if input_context else 0
@@ -220,18 +230,19 @@ class TrainData:
                         reshuffle_each_iteration=False)
         if pipelines > 1:
             ds = ds.shard(pipelines, pipeline_id)
-        seed = self.seed
-        ds = ds.map(lambda i, r: pick_caption(i, r, seed, epoch),
+        seed, references = self.seed, self.references
+        ds = ds.map(lambda i, r: pick_caption(i, r, seed, epoch, references),
                     num_parallel_calls=tf.data.AUTOTUNE)
-        if self.bucket_by_length:
+        if self.bucket_by_length and not references:
             ds = self._sorted_windows(ds, batch * BUCKET_WINDOW_BATCHES * replicas_per_pipeline)
         dtype = tf.as_dtype(self.dtype)
-        ds = ds.map(lambda e: {"annotations": tf.cast(e["annotations"], dtype),
-                               "tokens": e["tokens"]}, num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.padded_batch(batch, padding_values={"annotations": tf.cast(0, dtype),
-                                                    "tokens": PAD_ID},
-                             drop_remainder=True)
-        if self.bucket_by_length:
+        ds = ds.map(lambda e: dict(e, annotations=tf.cast(e["annotations"], dtype)),
+                    num_parallel_calls=tf.data.AUTOTUNE)
+        padding = {"annotations": tf.cast(0, dtype), "tokens": PAD_ID}
+        if references:
+            padding["references"] = PAD_ID
+        ds = ds.padded_batch(batch, padding_values=padding, drop_remainder=True)
+        if self.bucket_by_length and not references:
             # Batches leave a window sorted by length: shuffle their order.
             ds = ds.shuffle(BUCKET_WINDOW_BATCHES * replicas_per_pipeline,
                             seed=epoch_seed + 1, reshuffle_each_iteration=False)
@@ -254,6 +265,21 @@ class TrainData:
         ds = ds.padded_batch(window, padding_values={"annotations": tf.cast(0, tf.float16),
                                                      "tokens": PAD_ID})
         return ds.map(sort).unbatch().map(trim)
+
+
+def read_references(files: Sequence[str], parallel_reads: int = 8) -> list[list[np.ndarray]]:
+    """Every image's captions as word ids (`<start>`/`<end>` dropped), in file order.
+
+    Reads only the caption features (no grids), for the document frequencies
+    of self-critical training's CIDEr-D reward.
+    """
+    ds = _read(files, parallel_reads).map(schema.parse_caption_tokens,
+                                          num_parallel_calls=tf.data.AUTOTUNE)
+    out = []
+    for record in ds.prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
+        bounds = np.cumsum(record["lengths"])[:-1]
+        out.append([c[1:-1] for c in np.split(record["tokens"], bounds)])
+    return out
 
 
 @dataclass

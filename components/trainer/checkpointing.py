@@ -13,7 +13,9 @@ import os
 
 import numpy as np
 
-HISTORY = "history.jsonl"
+from components import schema
+
+HISTORY = schema.HISTORY_FILE
 
 
 class TrainState:

@@ -45,6 +45,10 @@ class TrainedRun:
       log: one line of progress text.
       final: the last step's results.
       precision: the resolved `components.precision.Precision`.
+      best_path: the best model of the run (default `<work_dir>/best.keras`).
+      metric: the validation metric that chose it.
+      history: the epoch rows (default: `<work_dir>/history.jsonl`).
+      extra: more properties (the self-critical phase's).
     """
     config: Any
     strategy: Any
@@ -64,6 +68,21 @@ class TrainedRun:
     log: Callable[[str], None]
     final: dict = dataclasses.field(default_factory=dict)
     precision: Any = None   # precision.Precision: the policy used and why
+    best_path: str = ""
+    metric: str = ""
+    history: list | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def best_file(self) -> str:
+        return self.best_path or os.path.join(self.work_dir, schema.BEST_MODEL_FILE)
+
+    def metric_name(self) -> str:
+        return self.metric or self.config.train.early_stopping_metric
+
+    def epoch_rows(self) -> list:
+        if self.history is not None:
+            return list(self.history)
+        return checkpointing.read_history(self.work_dir)
 
 
 def export(run: TrainedRun) -> dict:
@@ -83,7 +102,7 @@ def export(run: TrainedRun) -> dict:
         # No path: the output folder is renamed when the runner publishes it.
         best = properties["best_metric"]
         run.log(f"{LOG} model written: {steps} steps"
-                + (f", best {run.config.train.early_stopping_metric} {best:.4f} at epoch "
+                + (f", best {run.metric_name()} {best:.4f} at epoch "
                    f"{properties['best_epoch'] + 1}" if best is not None else ""))
     else:
         run.log(f"{LOG} {run.role.task_type}:{run.role.task_id} done after {steps} steps "
@@ -106,7 +125,7 @@ def _write_files(run: TrainedRun) -> None:
     if not chief:
         distribute.cleanup(out_dir, run.role)
         return
-    best_path = os.path.join(run.work_dir, schema.BEST_MODEL_FILE)
+    best_path = run.best_file()
     # Without a validation split the final weights are the best known.
     shutil.copy2(best_path if os.path.exists(best_path) else model_path,
                  os.path.join(out_dir, schema.BEST_MODEL_FILE))
@@ -116,6 +135,9 @@ def _write_files(run: TrainedRun) -> None:
         shutil.copytree(logs_dir, os.path.join(out_dir, schema.LOGS_DIR), dirs_exist_ok=True)
     else:
         os.makedirs(os.path.join(out_dir, schema.LOGS_DIR), exist_ok=True)
+    # The epochs' validation (train.init_model=<this folder> checks convergence on it).
+    with open(os.path.join(out_dir, checkpointing.HISTORY), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in run.epoch_rows())
     tcfg, mcfg = run.config.train, run.config.model
     with open(os.path.join(out_dir, schema.MODEL_CONFIG_FILE), "w") as f:
         json.dump({"model": dataclasses.asdict(mcfg), "vocab_size": run.vocab_size,
@@ -143,7 +165,8 @@ def _properties(run: TrainedRun) -> dict:
         "wall_seconds": round(time.time() - timing.started, 2),
         "train_seconds_total": round(float(state.train_seconds.numpy()), 2),
         "best_metric": None if math.isnan(best_metric) else best_metric,
-        "best_metric_name": tcfg.early_stopping_metric,
+        "best_metric_name": run.metric_name(),
+        "objective": tcfg.objective,
         "best_epoch": int(state.best_epoch.numpy()),
         "epochs": int(state.epoch.numpy()),
         "vocab_size": int(run.vocab_size),
@@ -159,10 +182,11 @@ def _properties(run: TrainedRun) -> dict:
         "input_wait_fraction": (round(timing.wait_seconds / step_seconds, 4)
                                 if step_seconds else None),
         "final_loss": run.final.get("loss"),
-        "history": checkpointing.read_history(run.work_dir) if role.is_chief else [],
+        "history": run.epoch_rows() if role.is_chief else [],
         **_precision_properties(run),
         "weights_digest": checkpointing.weights_digest(run.model),
     }
     if mcfg.attention == "hard":
         properties["baseline"] = scalar_value(run.model.reward_baseline)
+    properties.update(run.extra)
     return properties

@@ -81,11 +81,19 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
         inputs = read_inputs(strategy, role, config, annotations_uri, vocabulary_uri,
                              annotations_properties=annotations_properties or {},
                              vocabulary_properties=vocabulary_properties or {})
-        loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started,
-                            precision=chosen)
-        stop_reason = loop.run()
-        loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
-        return export(loop.trained_run(output_uri))
+        loop = None
+        if tcfg.objective == "xe" or not tcfg.init_model:
+            loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started,
+                                precision=chosen)
+            stop_reason = loop.run()
+            loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
+            if tcfg.objective == "xe":
+                return export(loop.trained_run(output_uri))
+        from components.trainer.scst import run_scst
+        return export(run_scst(strategy, role, config, inputs, work_dir, log,
+                               annotations_uri=annotations_uri, output_uri=output_uri,
+                               xe_loop=loop, xe_stop_reason=stop_reason if loop else "",
+                               started=started, precision=chosen))
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if lock is not None:
@@ -189,10 +197,20 @@ class TrainingLoop:
         self.final: dict = {}           # the last step's results
         self._step_fn = self._iterator = None
         self._iterator_end = 0          # the first epoch the iterator does not hold
+        self._phase_settings()
         self._announce()
         self._build()
         self._open_outputs()
         self.timing = Timing(started=started or time.time())
+
+    def _phase_settings(self) -> None:
+        """What differs between the cross-entropy and the self-critical phase (`components.trainer.scst`)."""
+        self.phase = "xe"
+        self.epochs = self.tcfg.epochs
+        self.total_steps = self.inputs.total_steps
+        self.metric = self.tcfg.early_stopping_metric
+        self.phase_dir = self.work_dir              # checkpoints, history, best.keras
+        self.logs_dir = os.path.join(self.work_dir, schema.LOGS_DIR)
 
     def _announce(self) -> None:
         tcfg, role, inputs = self.tcfg, self.role, self.inputs
@@ -219,15 +237,16 @@ class TrainingLoop:
             self.model = build_model(self.config.model, self.inputs.vocab_size,
                                      self.inputs.grid_shape, seed=self.tcfg.seed,
                                      steps_per_epoch=self.inputs.steps_per_epoch)
-            self.optimizer = make_optimizer(self.tcfg, self.inputs.total_steps)
+            self.optimizer = self._make_optimizer()
             self.optimizer.build(self.model.trainable_variables)
+        self._initialize_weights()
         self.state = checkpointing.TrainState()
         self.checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
                                               **self.state.variables())
         if self.chief:
-            checkpointing.remove_stale_saves(self.work_dir)
+            checkpointing.remove_stale_saves(self.phase_dir)
         self._ckpt_dir = distribute.write_dir(
-            os.path.join(self.work_dir, schema.CHECKPOINTS_DIR), self.role)
+            os.path.join(self.phase_dir, schema.CHECKPOINTS_DIR), self.role)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, self._ckpt_dir, max_to_keep=max(1, self.tcfg.keep_checkpoints))
         self.resumed_from = 0
@@ -246,16 +265,26 @@ class TrainingLoop:
                                  + list(self.state.variables().values()))
             self.resumed_from = int(self.state.step.numpy())
 
+    def _make_optimizer(self):
+        from components.trainer.model_setup import make_optimizer
+        return make_optimizer(self.tcfg, self.total_steps)
+
+    def _initialize_weights(self) -> None:
+        """Cross-entropy training starts from the initializers (or `train.init_model`)."""
+        if self.tcfg.init_model:
+            from components.trainer.model_setup import load_weights
+            source = load_weights(self.model, self.tcfg.init_model)
+            self.say(f"{LOG} starting from the weights of {source}")
+
     def _open_outputs(self) -> None:
         """TensorBoard writer, validator and the best-model rule."""
         import tensorflow as tf
-        self.writer = (tf.summary.create_file_writer(
-            os.path.join(self.work_dir, schema.LOGS_DIR)) if self.chief
-            else tf.summary.create_noop_writer())
+        self.writer = (tf.summary.create_file_writer(self.logs_dir) if self.chief
+                       else tf.summary.create_noop_writer())
         eval_set = self.inputs.eval_set
         self.validator = Validator(self.model, eval_set, self.inputs.id_to_word) \
             if len(eval_set) else None
-        self.best_path = os.path.join(self.work_dir, schema.BEST_MODEL_FILE)
+        self.best_path = os.path.join(self.phase_dir, schema.BEST_MODEL_FILE)
         # Hard attention's expected-alpha warmup trains a soft model: its
         # epochs are not candidates for the best (hard) model.
         self.selection_start = (self.model.expected_alpha_warmup
@@ -272,9 +301,10 @@ class TrainingLoop:
     def run(self) -> str:
         """Trains until the epochs, `max_steps` or early stopping end it; returns why."""
         from tqdm import tqdm
-        state, total = self.state, self.inputs.total_steps
+        state, total = self.state, self.total_steps
         bar = tqdm(total=total, initial=min(self.resumed_from, total), unit="step",
-                   desc="Trainer", file=sys.stderr, mininterval=1.0,
+                   desc="Trainer" if self.phase == "xe" else f"Trainer ({self.phase})",
+                   file=sys.stderr, mininterval=1.0,
                    disable=not self.chief, dynamic_ncols=True)
         stop_reason = "finished" if int(state.finished.numpy()) else ""
         if stop_reason:
@@ -295,14 +325,14 @@ class TrainingLoop:
         """Trains (the rest of) the current epoch; returns a stop reason or ""."""
         tcfg, state = self.tcfg, self.state
         epoch = int(state.epoch.numpy())
-        if epoch >= tcfg.epochs:
-            return f"{tcfg.epochs} epochs"
-        if int(state.step.numpy()) >= self.inputs.total_steps:
+        if epoch >= self.epochs:
+            return f"{self.epochs} epochs"
+        if int(state.step.numpy()) >= self.total_steps:
             return f"max_steps={tcfg.max_steps}"
         self._ensure_iterator(epoch)
         epoch_start = time.time()
         for _ in range(int(state.step_in_epoch.numpy()), self.inputs.steps_per_epoch):
-            if int(state.step.numpy()) >= self.inputs.total_steps:
+            if int(state.step.numpy()) >= self.total_steps:
                 break
             self._train_step(bar)
         if int(state.step_in_epoch.numpy()) < self.inputs.steps_per_epoch:
@@ -315,20 +345,33 @@ class TrainingLoop:
             return
         tcfg, state, inputs = self.tcfg, self.state, self.inputs
         skip = int(state.step_in_epoch.numpy())
-        needed = -(-(inputs.total_steps - int(state.step.numpy()) + skip)
+        needed = -(-(self.total_steps - int(state.step.numpy()) + skip)
                    // inputs.steps_per_epoch)
-        group = max(1, min(EPOCHS_PER_DATASET, tcfg.epochs - epoch, needed))
+        group = max(1, min(EPOCHS_PER_DATASET, self.epochs - epoch, needed))
         self._iterator_end = epoch + group
         data = inputs.data
         dist = self.strategy.distribute_datasets_from_function(
             lambda ctx, e=epoch, s=skip, n=group: data.dataset(e, ctx, skip_steps=s, epochs=n))
         if self._step_fn is None:
-            from components.trainer.step import make_train_step
-            self._step_fn = make_train_step(
-                self.strategy, self.model, self.optimizer, clip_norm=tcfg.clip_norm,
-                global_batch_size=tcfg.batch_size, element_spec=dist.element_spec,
-                jit_compile=tcfg.jit_compile)
+            self._step_fn = self._make_step(dist.element_spec)
         self._iterator = iter(dist)
+
+    def _make_step(self, element_spec):
+        from components.trainer.step import make_train_step
+        tcfg = self.tcfg
+        return make_train_step(
+            self.strategy, self.model, self.optimizer, clip_norm=tcfg.clip_norm,
+            global_batch_size=tcfg.batch_size, element_spec=element_spec,
+            jit_compile=tcfg.jit_compile)
+
+    def _call_step(self, batch) -> dict:
+        """One distributed step on `batch`: its results as floats."""
+        return {k: float(v) for k, v in self._step_fn(batch).items()}
+
+    def _write_summaries(self, step: int, out: dict) -> None:
+        summaries.write_step_summaries(
+            self.writer, step, out, self.optimizer, hard=self.model.attention == "hard",
+            throughput=self.timing.throughput(), wait_fraction=self.timing.wait_fraction())
 
     def _train_step(self, bar) -> None:
         """One step, its counters, progress, summaries and periodic checkpoint."""
@@ -336,7 +379,7 @@ class TrainingLoop:
         t0 = time.time()
         batch = next(self._iterator)
         t1 = time.time()
-        out = {k: float(v) for k, v in self._step_fn(batch).items()}
+        out = self._call_step(batch)
         timing.record(t0, t1, time.time(), tcfg.batch_size)
         state.step.assign_add(1)
         state.step_in_epoch.assign_add(1)
@@ -350,9 +393,7 @@ class TrainingLoop:
         bar.set_postfix(loss=f"{out['loss']:.3f}", ex_s=f"{timing.throughput():.0f}",
                         refresh=False)
         if step % max(1, tcfg.log_every) == 0 or step == 1:
-            summaries.write_step_summaries(
-                self.writer, step, out, self.optimizer, hard=self.model.attention == "hard",
-                throughput=timing.throughput(), wait_fraction=timing.wait_fraction())
+            self._write_summaries(step, out)
         if step % max(1, tcfg.checkpoint_every) == 0:
             state.train_seconds.assign_add(timing.lap())
             self.save_checkpoint()
@@ -366,16 +407,16 @@ class TrainingLoop:
         if self.validator is not None:
             metrics = self._validate()
             row.update(metrics)
-            note = self._select_best(metrics[tcfg.early_stopping_metric], epoch)
+            note = self._select_best(metrics[self.metric], epoch)
             self.say(f"{LOG} epoch {epoch + 1}: loss {row['train_loss'] or float('nan'):.4f}, "
                      + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
         if self.chief:
-            checkpointing.append_history(self.work_dir, row)
+            checkpointing.append_history(self.phase_dir, row)
         state.epoch.assign_add(1)
         state.step_in_epoch.assign(0)
         stop_reason = ""
         if self.validator is not None and int(state.bad_epochs.numpy()) >= tcfg.patience:
-            stop_reason = (f"early stopping: {tcfg.early_stopping_metric} did not improve "
+            stop_reason = (f"early stopping: {self.metric} did not improve "
                            f"for {tcfg.patience} epochs")
         state.train_seconds.assign_add(self.timing.lap())
         if stop_reason:
@@ -385,7 +426,7 @@ class TrainingLoop:
 
     def _select_best(self, value: float, epoch: int) -> str:
         """Saves `best.keras` on a new best, counts bad epochs; returns the log note."""
-        state, metric = self.state, self.tcfg.early_stopping_metric
+        state, metric = self.state, self.metric
         if int(state.step.numpy()) <= self.selection_start:
             return " (expected-alpha warmup: not a best-model candidate)"
         if improved(metric, value, float(state.best_metric.numpy())):
@@ -402,12 +443,9 @@ class TrainingLoop:
 
     def _validate(self) -> dict:
         """The chief's validation metrics (on every worker), written to TensorBoard."""
-        metric = self.tcfg.early_stopping_metric
-        names = ["val_loss"] + (["bleu4"] if metric == "bleu4" else [])
+        names = ["val_loss"] + ([self.metric] if self.metric != "val_loss" else [])
         if self.chief:
-            metrics = {"val_loss": self.validator.val_loss()}
-            if metric == "bleu4":
-                metrics["bleu4"] = self.validator.bleu4()
+            metrics = {name: self.validator.metric(name) for name in names}
         else:  # the chief's numbers decide; the weights are the same everywhere
             metrics = {k: 0.0 for k in names}
         if self.multi_worker:  # one early-stopping decision for all workers
@@ -432,4 +470,5 @@ class TrainingLoop:
             vocab_size=self.inputs.vocab_size, grid_shape=self.inputs.grid_shape,
             train_examples=int(self.inputs.data.num_records),
             val_examples=len(self.inputs.eval_set), resumed_from=self.resumed_from,
-            timing=self.timing, log=self.log, final=self.final, precision=self.precision)
+            timing=self.timing, log=self.log, final=self.final, precision=self.precision,
+            best_path=self.best_path, metric=self.metric)

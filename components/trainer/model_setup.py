@@ -74,3 +74,39 @@ def make_optimizer(train_config, total_steps: int):
     if train_config.mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def start_file(path: str) -> str:
+    """The `.keras` file to start from: the file itself, or a Model folder's served file."""
+    import os
+    from components import schema
+    return schema.model_file(path) if os.path.isdir(path) else path
+
+
+def load_weights(model, path: str) -> str:
+    """Copies the weights of a saved captioner into `model`; returns the file read.
+
+    Args:
+      model: the built `ShowAttendTell` to fill.
+      path: a Model folder (its `best.keras`, else `model.keras`) or a `.keras` file.
+    Returns:
+      The file whose weights were loaded.
+    Raises:
+      ValueError: the saved model has other weights (another vocabulary,
+        grid or model config).
+    """
+    import keras
+    import models.show_attend_tell  # noqa: F401  (registers the layers)
+    source = start_file(path)
+    saved = keras.saving.load_model(source, compile=False)
+    mine, theirs = model.weights, saved.weights
+    if len(mine) != len(theirs):
+        raise ValueError(f"train.init_model={path!r}: the saved model has {len(theirs)} weights, "
+                         f"this config's {len(mine)} (another attention or model config?)")
+    for a, b in zip(mine, theirs):
+        if tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"train.init_model={path!r}: weight {a.path} is {tuple(b.shape)} "
+                             f"there and {tuple(a.shape)} here: the model must be trained on the "
+                             "same vocabulary and grid with the same model config")
+    model.set_weights(saved.get_weights())
+    return source

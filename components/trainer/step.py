@@ -98,11 +98,10 @@ def _make_replica_step(strategy, model, optimizer, clip_norm: float,
     """`replica_step(batch) -> (sums, means)`: gradients, baseline, clipping, update."""
     import tensorflow as tf
     from models.text import PAD_ID
-    variables = model.trainable_variables
     replicas = strategy.num_replicas_in_sync
-    loss_scaled = _is_loss_scaled(optimizer)
-    summed_here = replicas > 1 and clip_norm > 0
     SUM = tf.distribute.ReduceOp.SUM
+
+    apply = make_apply(strategy, model, optimizer, clip_norm)
 
     def replica_step(batch):
         ctx = tf.distribute.get_replica_context()
@@ -113,21 +112,40 @@ def _make_replica_step(strategy, model, optimizer, clip_norm: float,
         if model.attention == "hard":
             # Mean-aggregated variables: every replica ends with the mean update.
             model.update_baseline(out["reward"], skip=out["used_expected_alpha"] > 0.5)
+        out["grad_norm"], out["loss_scale"] = apply(grads)
+        return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
+                tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))
+
+    return replica_step
+
+
+def make_apply(strategy, model, optimizer, clip_norm: float) -> Callable:
+    """`apply(grads) -> (global norm, loss scale)`: all-reduce, clip and update, in a replica.
+
+    `grads` are this replica's gradients of its share of the global loss
+    (the replicas' shares sum to the global loss).
+    """
+    import tensorflow as tf
+    variables = model.trainable_variables
+    replicas = strategy.num_replicas_in_sync
+    loss_scaled = _is_loss_scaled(optimizer)
+    summed_here = replicas > 1 and clip_norm > 0
+
+    def apply(grads):
+        ctx = tf.distribute.get_replica_context()
         scale = tf.cast(optimizer.dynamic_scale, tf.float32) if loss_scaled else None
         if summed_here:
-            grads = ctx.all_reduce(SUM, grads)
+            grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
         grads, norm = _clip(grads, clip_norm, scale)
         if summed_here:
             # Keras' apply_gradients sums over the replicas once more (a second,
             # cheap all-reduce of identical values): pre-divide. Exact for 2^k replicas.
             grads = [g / replicas for g in grads]
         optimizer.apply_gradients(zip(grads, variables))
-        out["grad_norm"] = tf.cast(norm, tf.float32)
-        out["loss_scale"] = scale if scale is not None else tf.ones((), tf.float32)
-        return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
-                tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))
+        return (tf.cast(norm, tf.float32),
+                scale if scale is not None else tf.ones((), tf.float32))
 
-    return replica_step
+    return apply
 
 
 def _clip(grads, clip_norm: float, scale):

@@ -12,7 +12,7 @@ import numpy as np
 
 from models.text import decode
 
-METRICS = ("val_loss", "bleu4")
+METRICS = ("val_loss", "bleu4", "cider")
 # Validation images whose attention maps go to TensorBoard.
 ATTENTION_IMAGES = 2
 ATTENTION_TILE = 64
@@ -21,10 +21,10 @@ MIN_DELTA = 1e-4
 
 
 def improved(metric: str, value: float, best: float) -> bool:
-    """Better by more than `MIN_DELTA` (relative for the loss, absolute for BLEU).
+    """Better by more than `MIN_DELTA` (relative for the loss, absolute for BLEU and CIDEr).
 
     Args:
-      metric: `val_loss` (lower is better) or `bleu4`.
+      metric: `val_loss` (lower is better), `bleu4` or `cider`.
       value: this epoch's value.
       best: the best so far (NaN: none yet).
     Returns:
@@ -42,7 +42,9 @@ class Validator:
 
     `val_loss`: per-token NLL of every (image, reference caption) pair, no
     dropout, expected attention. `bleu4`: corpus BLEU-4 (coco-caption
-    `Bleu`, whitespace tokens) of greedy captions against all references.
+    `Bleu`, whitespace tokens) of greedy captions against all references;
+    `cider`: their CIDEr-D (coco-caption `Cider`, document frequencies of
+    the validation references).
     """
 
     def __init__(self, model, eval_set, id_to_word, batch_size: int = 128):
@@ -71,6 +73,12 @@ class Validator:
 
         self._loss_sums, self._decode = loss_sums, decode_batch
 
+    def metric(self, name: str) -> float:
+        """One of `METRICS` by name."""
+        if name not in METRICS:
+            raise ValueError(f"no validation metric {name!r}; one of {METRICS}")
+        return getattr(self, name)()
+
     def val_loss(self) -> float:
         """Per-token negative log-likelihood over every reference caption."""
         nll, tokens = 0.0, 0.0
@@ -94,14 +102,23 @@ class Validator:
             out += [decode(row, self.id_to_word) for row in result["tokens"]]
         return out
 
-    def bleu4(self) -> float:
-        """Corpus BLEU-4 of greedy captions (whitespace tokenization, no Java)."""
-        from pycocoevalcap.bleu.bleu import Bleu
+    def _greedy_and_references(self):
         hyps = self.captions()
         gts = {i: list(refs) for i, refs in enumerate(self.eval_set.references)}
         res = {i: [h if h else "<unk>"] for i, h in enumerate(hyps)}
-        score, _ = Bleu(4).compute_score(gts, res, verbose=0)
+        return gts, res
+
+    def bleu4(self) -> float:
+        """Corpus BLEU-4 of greedy captions (whitespace tokenization, no Java)."""
+        from pycocoevalcap.bleu.bleu import Bleu
+        score, _ = Bleu(4).compute_score(*self._greedy_and_references(), verbose=0)
         return float(score[3])
+
+    def cider(self) -> float:
+        """CIDEr-D of greedy captions (whitespace tokenization, no Java)."""
+        from pycocoevalcap.cider.cider import Cider
+        score, _ = Cider().compute_score(*self._greedy_and_references())
+        return float(score)
 
     def attention_images(self, grid_shape, count: int = ATTENTION_IMAGES):
         """[(caption, (1, tile, tile * words, 1) float32 image)] for the first images.

@@ -306,8 +306,8 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     result = trainer.run(ctx)["model"]
     props, counts = result["properties"], result["counts"]
     out = ctx.outputs["model"]
-    assert sorted(os.listdir(out)) == ["best.keras", "checkpoints", "logs", "model.keras",
-                                       "model_config.json"]
+    assert sorted(os.listdir(out)) == ["best.keras", "checkpoints", "history.jsonl", "logs",
+                                       "model.keras", "model_config.json"]
     assert counts == {"train_examples": 32, "steps": 4 * epochs, "val_examples": 4}
     assert props["steps"] == 4 * epochs and props["examples_seen"] == 32 * epochs
     assert props["attention"] == attention and props["vocab_size"] == 18

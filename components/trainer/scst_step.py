@@ -1,0 +1,113 @@
+"""The distributed self-critical training step (`train.objective=scst`).
+
+On each replica: K captions per image are sampled and rewarded with CIDEr-D,
+the baseline is the greedy caption's reward or the mean of the other samples
+(`models.scst.sample_and_reward`, no gradient); the loss is the
+advantage-weighted negative log-likelihood of the sampled words, divided by
+the sampled words of all replicas, plus `train.scst_xe_weight` times the
+cross-entropy loss of one reference caption per image (weighted as in
+components/trainer/step.py). Gradients are all-reduced, clipped and applied by
+`step.make_apply`. The sampling seed is `(train.seed, step)` folded with the
+replica id: a resumed run samples what the interrupted one would have.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_sum",
+            "reward_sum", "baseline_sum", "greedy_reward_sum", "positive_advantage",
+            "samples", "examples", "nll_sum", "num_tokens")
+MEAN_KEYS = ("grad_norm", "loss_scale")
+
+
+def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
+                   global_batch_size: int, num_samples: int, max_length: int, baseline: str,
+                   xe_weight: float, element_spec) -> Callable:
+    """`step(per_replica_batch, seed) -> dict of float scalars` for self-critical training.
+
+    Args:
+      strategy: the `tf.distribute.Strategy`.
+      model: a built `ShowAttendTell`.
+      optimizer: a Keras optimizer built on `model.trainable_variables`.
+      scorer: a `models.cider_d.CiderD` built from the training references.
+      clip_norm: global-norm clipping (<= 0: off).
+      global_batch_size: images per step over all replicas.
+      num_samples: captions sampled per image.
+      max_length: most words per sampled caption.
+      baseline: `"greedy"` or `"mean"`.
+      xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
+      element_spec: the distributed dataset's `element_spec`; batches hold
+        `annotations`, `tokens` (one reference) and `references` (all).
+    Returns:
+      A `tf.function` of `(batch, seed)`, `seed` an int64 (2,) tensor; its
+      result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.
+    """
+    import tensorflow as tf
+    from components.trainer.step import make_apply
+    from models import scst
+    from models.text import PAD_ID
+    replicas = strategy.num_replicas_in_sync
+    variables = model.trainable_variables
+    apply = make_apply(strategy, model, optimizer, clip_norm)
+    SUM = tf.distribute.ReduceOp.SUM
+    loss_scaled = hasattr(optimizer, "scale_loss") and hasattr(optimizer, "dynamic_scale")
+
+    def replica_step(batch, seed):
+        ctx = tf.distribute.get_replica_context()
+        seed = tf.random.experimental.stateless_fold_in(
+            seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
+        annotations = batch["annotations"]
+        sampled = scst.sample_and_reward(
+            model, annotations, tf.cast(batch["references"], tf.int32), scorer,
+            num_samples=num_samples, max_length=max_length, seed=seed, baseline=baseline)
+        local_words = tf.reduce_sum(tf.cast(tf.not_equal(sampled["tokens"], PAD_ID), tf.float32))
+        tokens = tf.cast(batch["tokens"], tf.int32)
+        local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
+        counts = tf.stack([local_words, local_tokens])
+        global_words, global_tokens = tf.unstack(
+            ctx.all_reduce(SUM, counts) if replicas > 1 else counts)
+        with tf.GradientTape() as tape:
+            terms = scst.policy_loss_terms(model, annotations, sampled["tokens"],
+                                           sampled["advantage"])
+            loss = terms["policy_sum"] / tf.maximum(global_words, 1.0)
+            nll_sum, num_tokens = tf.zeros(()), local_tokens
+            if xe_weight > 0:
+                xe = model.compute_loss_terms(annotations, tokens, training=True,
+                                              update_baseline=False)
+                local_batch = tf.cast(tf.shape(tokens)[0], tf.float32)
+                token_part = xe["loss"] - xe["attention_penalty"]
+                loss += xe_weight * (
+                    token_part * (tf.maximum(xe["num_tokens"], 1.0)
+                                  / tf.maximum(global_tokens, 1.0))
+                    + xe["attention_penalty"] * (local_batch / global_batch_size))
+                nll_sum = tf.reduce_sum(xe["example_nll"])
+            scaled = optimizer.scale_loss(loss) if loss_scaled else loss
+        grads = tape.gradient(scaled, variables)
+        grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+                 for g, v in zip(grads, variables)]
+        norm, scale = apply(grads)
+        images = tf.cast(tf.shape(annotations)[0], tf.float32)
+        out = {"loss": loss, "policy_sum": terms["policy_sum"],
+               "sample_tokens": terms["sample_tokens"], "sample_nll_sum": terms["nll_sum"],
+               "entropy_sum": terms["entropy_sum"],
+               "reward_sum": tf.reduce_sum(sampled["reward"]),
+               "baseline_sum": tf.reduce_sum(sampled["baseline"]),
+               "greedy_reward_sum": tf.reduce_sum(sampled["greedy_reward"]),
+               "positive_advantage": tf.reduce_sum(
+                   tf.cast(sampled["advantage"] > 0, tf.float32)),
+               "samples": images * float(num_samples), "examples": images,
+               "nll_sum": nll_sum, "num_tokens": num_tokens,
+               "grad_norm": norm, "loss_scale": scale}
+        return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
+                tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))
+
+    @tf.function(input_signature=[element_spec, tf.TensorSpec([2], tf.int64)], autograph=False)
+    def step(batch, seed):
+        sums, means = strategy.run(replica_step, args=(batch, seed))
+        sums = strategy.reduce(SUM, sums, axis=None)
+        means = strategy.reduce(tf.distribute.ReduceOp.MEAN, means, axis=None)
+        out = {k: sums[i] for i, k in enumerate(SUM_KEYS)}
+        out.update({k: means[i] for i, k in enumerate(MEAN_KEYS)})
+        return out
+
+    return step

@@ -1,0 +1,161 @@
+"""train.objective=scst: cross-entropy, then self-critical training; from a Model; the guard rails."""
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from components import trainer
+from components.trainer import checkpointing, scst
+from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, make_scst_step
+from models.cider_d import CiderD
+from models.decoding import greedy_decode
+from tests.components.test_trainer import _config, _ctx, _events, source  # noqa: F401
+from tests.models.tiny import annotations, make_model
+
+# Two tiny epochs of cross-entropy (4 steps each), then SCST.
+SCST = dict(epochs=2, objective="scst", scst_epochs=2, scst_samples=3, scst_learning_rate=5e-3,
+            scst_require_converged=False)
+
+
+def test_cross_entropy_then_scst_exports_the_best_cider_model(source, tmp_path, capfd):
+    ctx = _ctx(source, str(tmp_path), _config(**SCST))
+    props = trainer.run(ctx)["model"]["properties"]
+    log = capfd.readouterr().err
+    assert "self-critical training (SCST): 3 samples per image, greedy baseline" in log
+    assert "CIDEr-D reward" in log and "32 training images" in log
+    assert props["objective"] == "scst" and props["best_metric_name"] == "cider"
+    assert props["steps"] == 8                      # the SCST phase's own steps
+    info = props["scst"]
+    assert info["epochs"] == 2 and info["samples"] == 3 and info["baseline"] == "greedy"
+    assert info["start"].endswith(os.path.join("work", "best.keras"))
+    assert info["best_cider"] == props["best_metric"] and info["best_cider"] >= 0
+    phases = [row.get("phase", "xe") for row in props["history"]]
+    assert phases == ["xe", "xe", "scst", "scst"]
+    assert all("cider" in row for row in props["history"][2:])
+    out = ctx.outputs["model"]
+    with open(os.path.join(out, "history.jsonl")) as f:
+        assert [json.loads(line).get("phase", "xe") for line in f] == phases
+    events = _events(os.path.join(out, "logs"))
+    for tag in ("scst/reward", "scst/baseline", "scst/greedy_reward", "scst/sample_entropy",
+                "scst/positive_advantage_fraction", "val/cider", "train/loss"):
+        assert tag in events, sorted(events)
+    assert all(v >= 0 for _, v in events["scst/reward"])
+    # The exported best model is the SCST phase's best, not the cross-entropy one.
+    best = keras.saving.load_model(os.path.join(out, "best.keras"))
+    xe_best = keras.saving.load_model(os.path.join(ctx.work_dir, "best.keras"))
+    assert checkpointing.weights_digest(best) != checkpointing.weights_digest(xe_best)
+    with open(os.path.join(ctx.work_dir, "scst", "start.json")) as f:
+        assert json.load(f)["xe_epochs"] == 2
+
+
+def test_scst_from_a_model_artifact_refuses_an_unconverged_start(source, tmp_path, capfd):
+    xe = _ctx(source, str(tmp_path / "xe"), _config(epochs=2, learning_rate=1e-2))
+    trainer.run(xe)
+    model_dir = xe.outputs["model"]
+    strict = dict(SCST, init_model=model_dir, scst_require_converged=True)
+    with pytest.raises(scst.NotConvergedError, match="train.scst_require_converged=false"):
+        trainer.run(_ctx(source, str(tmp_path / "strict"), _config(**strict)))
+    capfd.readouterr()
+    loose = _ctx(source, str(tmp_path / "loose"),
+                 _config(**dict(strict, scst_require_converged=False, scst_epochs=1,
+                                scst_baseline="mean")))
+    props = trainer.run(loose)["model"]["properties"]
+    log = capfd.readouterr().err
+    assert "warning: SCST needs a converged cross-entropy model" in log
+    assert "[Trainer] stopped at step" not in log          # no cross-entropy phase
+    assert "self-critical phase stopped at step 4" in log
+    assert props["scst"]["start"] == os.path.join(model_dir, "best.keras")
+    assert props["steps"] == 4 and props["scst"]["baseline"] == "mean"
+    assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "xe", "scst"]
+
+
+def test_convergence_rule():
+    rows = [{"epoch": 0, "val_loss": 2.0}, {"epoch": 1, "val_loss": 1.5}]
+    assert not scst.convergence(rows)[0]
+    assert scst.convergence(rows + [{"epoch": 2, "val_loss": 1.499}])[0]
+    assert scst.convergence(rows + [{"epoch": 2, "val_loss": 1.6}])[0]
+    assert scst.convergence(rows, "early stopping: val_loss did not improve for 3 epochs")[0]
+    assert scst.convergence(rows[:1])[0]      # nothing to compare: not checked
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_interrupted_scst_resumes_from_its_checkpoint(source, tmp_path, capfd, monkeypatch):
+    end_epoch = scst.ScstLoop._end_epoch
+
+    def end_then_die(self, epoch, epoch_start):
+        end_epoch(self, epoch, epoch_start)      # validates and checkpoints the epoch
+        raise _Interrupted
+
+    monkeypatch.setattr(scst.ScstLoop, "_end_epoch", end_then_die)
+    with pytest.raises(_Interrupted):
+        trainer.run(_ctx(source, str(tmp_path), _config(**SCST)))
+    monkeypatch.undo()
+    capfd.readouterr()
+    props = trainer.run(_ctx(source, str(tmp_path), _config(**SCST)))["model"]["properties"]
+    log = capfd.readouterr().err
+    assert "training finished in an earlier attempt" in log        # the cross-entropy phase
+    assert "resuming from step 4" in log                           # the SCST phase
+    assert "converged" not in log                                  # checked only at the start
+    assert props["steps"] == 8 and props["resumed_from_step"] == 4
+    assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "xe", "scst", "scst"]
+
+
+def _references():
+    refs = np.array([[[1, 5, 6, 7, 2], [1, 5, 6, 2, 0]],
+                     [[1, 8, 9, 2, 0], [1, 8, 9, 10, 2]]], np.int32)
+    words = [[list(r[1:][(r[1:] != 2) & (r[1:] != 0)]) for r in image] for image in refs]
+    return refs, CiderD.from_references(words, 20)
+
+
+def _scst_step(model, batch, scorer, baseline="greedy", xe_weight=0.0, learning_rate=0.05):
+    optimizer = keras.optimizers.Adam(learning_rate)
+    optimizer.build(model.trainable_variables)
+    spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
+    return make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, clip_norm=5.0,
+                          global_batch_size=2, num_samples=4, max_length=5, baseline=baseline,
+                          xe_weight=xe_weight, element_spec=spec)
+
+
+@pytest.mark.parametrize("attention,baseline", [("soft", "greedy"), ("hard", "mean")])
+def test_scst_steps_raise_the_greedy_captions_cider(attention, baseline):
+    model = make_model(attention, seed=0, dropout=0.0)
+    refs, scorer = _references()
+    a = annotations(seed=3, batch=2)
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(refs[:, 0]),
+             "references": tf.constant(refs)}
+
+    def greedy_cider():
+        tokens = greedy_decode(model, a, 5)["tokens"].numpy()[:, None]
+        return float(np.mean(scorer(tokens, refs).numpy()))
+
+    before = greedy_cider()
+    step = _scst_step(model, batch, scorer, baseline=baseline)
+    results = [{k: float(v) for k, v in step(batch, tf.constant([0, i], tf.int64)).items()}
+               for i in range(60)]
+    assert set(results[0]) == set(SUM_KEYS) | set(MEAN_KEYS)
+    assert results[0]["samples"] == 8.0 and results[0]["examples"] == 2.0
+    rewards = [r["reward_sum"] / r["samples"] for r in results]
+    assert np.mean(rewards[-10:]) > np.mean(rewards[:10]) + 0.5
+    assert greedy_cider() > before + 0.5
+
+
+def test_the_mixed_in_cross_entropy_changes_the_update():
+    refs, scorer = _references()
+    a = annotations(seed=3, batch=2)
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(refs[:, 0]),
+             "references": tf.constant(refs)}
+    digests = []
+    for weight in (0.0, 1.0):
+        model = make_model("soft", seed=0, dropout=0.0)
+        out = _scst_step(model, batch, scorer, xe_weight=weight)(batch, tf.constant([0, 0], tf.int64))
+        assert (float(out["num_tokens"]) > 0) and ((float(out["nll_sum"]) > 0) == (weight > 0))
+        digests.append(checkpointing.weights_digest(model))
+    assert digests[0] != digests[1]
