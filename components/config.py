@@ -276,6 +276,8 @@ CAPTION_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", 
 # Computed only for data with object boxes (`data.source=synthetic`).
 GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
 EVAL_METRICS = CAPTION_METRICS + GROUNDING_METRICS
+# Reported by the Evaluator but never thresholds: lower is better (the end-of-caption check).
+REPORTED_METRICS = ("dangling_ending_rate", "dangling_endings", "empty_captions")
 # The sources whose examples carry object boxes (the grounding metrics need them).
 BOXED_SOURCES = ("synthetic", "scenes")
 # Objects per image that each built-in synthetic source can draw, at most.
@@ -319,6 +321,10 @@ def validate(config: PipelineConfig) -> PipelineConfig:
             raise _choice_error(key, value, choices)
     data, model, ev = config.data, config.model, config.eval
     for metric in ev.thresholds:
+        if metric in REPORTED_METRICS:
+            raise ConfigError(f"eval.thresholds: {metric} is reported, never a threshold "
+                              f"(lower is better, and a threshold is a minimum); thresholds "
+                              f"may name: {', '.join(EVAL_METRICS)}")
         if metric not in EVAL_METRICS:
             raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
                               f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")

@@ -3,10 +3,13 @@
 Metrics come from the coco-caption toolkit (`Bleu_1`..`Bleu_4`, `METEOR`,
 `ROUGE_L`, `CIDEr`, comparable with the paper's Table 1); where the examples
 carry object boxes (the synthetic data) also `grounding`, `grounding_noun`,
-`attribute_accuracy` and `relation_accuracy`. The Blessing passes when every
-threshold in `eval.thresholds` is met and no metric falls more than
-`eval.max_regression` below the last pushed model's (the runner resolves that
-model's Evaluation as the `baseline` input).
+`attribute_accuracy` and `relation_accuracy`. Every run also reports the
+end-of-caption check (`REPORTED_METRICS`: how many captions stop on a function
+word, as in "a man riding a horse with a"; `components/metrics/endings.py`),
+where lower is better and which the Blessing does not look at. The Blessing
+passes when every threshold in `eval.thresholds` is met and no metric falls
+more than `eval.max_regression` below the last pushed model's (the runner
+resolves that model's Evaluation as the `baseline` input).
 
 The test split streams: it is decoded and scored `eval.batch_size` images at
 a time, and only the captions (with scores and references), the grounding
@@ -31,12 +34,16 @@ from tqdm import tqdm
 
 from components import io_utils, schema
 from components.metrics.coco import SCORING_STEPS, coco_metrics
+from components.metrics.endings import ending_metrics
 from components.metrics.grounding import grounding_metrics, merge_grounding
 from models.text import decode_words
 
 # Metrics where larger is better and that the blessing compares.
 BLESSING_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr",
                     "attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
+# Diagnostics reported next to them, where lower is better: never thresholds, never
+# compared with the pushed model's.
+REPORTED_METRICS = ("dangling_ending_rate", "dangling_endings", "empty_captions")
 
 
 def iter_annotation_batches(uri: str, split: str, batch_size: int,
@@ -300,6 +307,7 @@ def run(ctx) -> dict:
     notes = metrics.pop("notes", [])
     if grounding is not None:
         metrics.update(grounding)
+    metrics.update(ending_metrics(list(predictions.values())))
     metrics = {k: (float(v) if isinstance(v, (np.floating, float)) else v)
                for k, v in metrics.items()}
     metrics["num_test_images"] = len(rows)
@@ -330,8 +338,9 @@ def run(ctx) -> dict:
                 "baseline_metrics": baseline_metrics, "model_uri": model_art.uri}
     with open(os.path.join(blessing_dir, "blessing.json"), "w") as f:
         json.dump(blessing, f, indent=2)
-    shown = {k: round(metrics[k], 4) for k in BLESSING_METRICS
-             if isinstance(metrics.get(k), float)}
+    shown = {k: round(metrics[k], 4) if isinstance(metrics[k], float) else metrics[k]
+             for k in BLESSING_METRICS + REPORTED_METRICS
+             if isinstance(metrics.get(k), (int, float))}
     log(f"[Evaluator] {json.dumps(shown)}")
     log(f"[Evaluator] {name}" + ("" if blessed else ": " + "; ".join(reasons)))
     return {

@@ -174,7 +174,9 @@ ARTIFACT_LAYOUTS = (
               "record (start model, epochs, best validation CIDEr, samples, baseline)."),
     ArtifactLayout(
         "Evaluation", "Evaluator",
-        (("metrics.json", "the coco-caption metrics (and grounding where boxes exist)"),
+        (("metrics.json", "the coco-caption metrics, the end-of-caption check "
+                          "(`dangling_endings`, `dangling_ending_rate`, `empty_captions`) and, "
+                          "where boxes exist, grounding"),
          ("captions.jsonl", "one decoded caption per test image, with its references"),
          ("figures/index.html", "attention figures (PNGs beside it)")),
         notes="`properties`: the `metrics` and the `decoding` they were measured with "

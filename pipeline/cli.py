@@ -85,7 +85,7 @@ def _cmd_run(args) -> int:
               f"{json.dumps(st.get('counts', {}), default=str)}")
     if summary.get("metrics"):
         keys = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",
-                "relation_accuracy", "grounding", "grounding_noun")
+                "relation_accuracy", "grounding", "grounding_noun", "dangling_ending_rate")
         shown = {k: summary["metrics"][k] for k in keys if k in summary["metrics"]}
         print("  metrics: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                         for k, v in shown.items()))

@@ -14,8 +14,8 @@ import os
 from typing import Sequence
 
 from components.config import (  # noqa: F401  (the config API in one place)
-    BOXED_SOURCES, CHOICES, EVAL_METRICS, MAX_OBJECTS, SECTIONS, ConfigError, DataConfig,
-    DeclaredConfig, EncoderConfig,
+    BOXED_SOURCES, CHOICES, EVAL_METRICS, MAX_OBJECTS, REPORTED_METRICS, SECTIONS, ConfigError,
+    DataConfig, DeclaredConfig, EncoderConfig,
     EvalConfig, ModelConfig,
     PipelineConfig, PreprocessConfig, PushConfig, ServeConfig, TrainConfig,
     UndeclaredConfigError, apply_overrides, check_paths, config_from_module, describe_fields,

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
     _banner("3/3 results")
     keys = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",
-            "relation_accuracy", "grounding", "grounding_noun")
+            "relation_accuracy", "grounding", "grounding_noun", "dangling_ending_rate")
     for key in keys:
         if isinstance(metrics.get(key), (int, float)):
             print(f"  {key:20s} {metrics[key]:.4f}")

@@ -76,6 +76,9 @@ def test_threshold_metrics_are_the_evaluators():
         config_lib.load_config("tiny", ["data.source=tfds", 'eval.thresholds={"grounding": 0.1}'])
     config = config_lib.load_config("tiny", ['eval.thresholds={"CIDEr": 0.1, "grounding": 0.2}'])
     assert set(config.eval.thresholds) == {"CIDEr", "grounding"}
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"dangling_ending_rate is reported, never a threshold.*Bleu_1, "):
+        config_lib.load_config("tiny", ['eval.thresholds={"dangling_ending_rate": 0.1}'])
 
 
 def test_misspelled_sections_and_keys_get_a_suggestion():
@@ -122,6 +125,7 @@ def test_choices_match_what_the_stages_accept():
     assert choices["encoder.mixed_precision"] == precision.CHOICES
     assert choices["train.early_stopping_metric"] == validation.METRICS
     assert config_lib.EVAL_METRICS == evaluator.BLESSING_METRICS
+    assert config_lib.REPORTED_METRICS == evaluator.REPORTED_METRICS
     for name in config_lib.named_configs():  # every shipped config passes
         config_lib.load_config(name)
 
