@@ -66,6 +66,18 @@ def test_enumerated_values_are_checked_with_the_choices():
         config_lib.load_config("tiny", ["train.lr_schedule=cosin"])
     with pytest.raises(config_lib.ConfigError, match="data.source='cocoa'.*did you mean 'coco'"):
         config_lib.load_config("tiny", ["data.source=cocoa"])
+    with pytest.raises(config_lib.ConfigError, match="train.objective='sctt'.*did you mean 'scst'"):
+        config_lib.load_config("tiny", ["train.objective=sctt"])
+
+
+def test_scst_settings_are_checked_together():
+    with pytest.raises(config_lib.ConfigError, match="scst_baseline=mean .*scst_samples >= 2"):
+        config_lib.load_config("tiny", ["train.objective=scst", "train.scst_baseline=mean",
+                                        "train.scst_samples=1"])
+    with pytest.raises(config_lib.ConfigError, match="scst_epochs >= 1"):
+        config_lib.load_config("tiny", ["train.objective=scst", "train.scst_epochs=0"])
+    config = config_lib.load_config("tiny", ["train.objective=scst"])
+    assert (config.train.scst_baseline, config.train.scst_samples) == ("greedy", 5)
 
 
 def test_threshold_metrics_are_the_evaluators():
@@ -124,6 +136,8 @@ def test_choices_match_what_the_stages_accept():
     assert choices["train.mixed_precision"] == precision.CHOICES
     assert choices["encoder.mixed_precision"] == precision.CHOICES
     assert choices["train.early_stopping_metric"] == validation.METRICS
+    from models import scst
+    assert choices["train.scst_baseline"] == scst.BASELINES
     assert config_lib.EVAL_METRICS == evaluator.BLESSING_METRICS
     assert config_lib.REPORTED_METRICS == evaluator.REPORTED_METRICS
     for name in config_lib.named_configs():  # every shipped config passes
@@ -146,6 +160,11 @@ def test_check_paths(tmp_path):
     with pytest.raises(config_lib.ConfigError, match=r"data.captions_json=.*\(it is a folder\)"):
         config_lib.check_paths(config_lib.load_config(
             "tiny", ["data.source=karpathy", f"data.captions_json={tmp_path}"]))
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"train.init_model=.*: expected a Model folder or .keras file"):
+        config_lib.check_paths(config_lib.load_config(
+            "tiny", ["train.objective=scst", f"train.init_model={tmp_path / 'nope'}"]))
+    config_lib.check_paths(config_lib.load_config("tiny", [f"train.init_model={tmp_path}"]))
     with pytest.raises(config_lib.ConfigError, match="data.tfds_data_dir"):
         config_lib.check_paths(config_lib.load_config(
             "tiny", ["data.source=tfds", f"data.tfds_data_dir={tmp_path / 'x'}"]))
