@@ -167,6 +167,7 @@ class ScstLoop(TrainingLoop):
             "start": self.start, "epochs": int(self.state.epoch.numpy()),
             "steps": int(self.state.step.numpy()), "best_cider": best_metric(self.state),
             "best_epoch": int(self.state.best_epoch.numpy()), "samples": tcfg.scst_samples,
+            "start_cider": read_start_record(self.phase_dir).get("start_cider"),
             "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
             "learning_rate": tcfg.scst_learning_rate, "max_length": self.max_length,
             "reward": "CIDEr-D", "document_frequency_images": self.scorer.num_documents,
@@ -215,7 +216,10 @@ def run_scst(strategy, role, config, inputs, work_dir: str, log, *, annotations_
                     start=start, scorer=scorer, max_length=max_length, started=started,
                     precision=precision)
     if role.is_chief and not resuming:
-        write_start_record(loop.phase_dir, start, history)
+        start_cider = loop.validator.cider() if loop.validator is not None else None
+        if start_cider is not None:
+            say(f"{LOG} SCST start: val CIDEr {start_cider:.4f} (greedy captions)")
+        write_start_record(loop.phase_dir, start, history, start_cider)
     stop_reason = loop.run()
     say(f"{LOG} self-critical phase stopped at step {int(loop.state.step.numpy())}: "
         f"{stop_reason}")
@@ -260,12 +264,22 @@ def check_start(config, history: list[dict], stop_reason: str, log) -> None:
     log(f"{LOG} warning: {message} (continuing: train.scst_require_converged=false)")
 
 
-def write_start_record(phase_dir: str, start: str, history: list[dict]) -> None:
-    """`<phase_dir>/start.json`: which model SCST started from and its last val_loss."""
+def write_start_record(phase_dir: str, start: str, history: list[dict],
+                       start_cider: float | None = None) -> None:
+    """`<phase_dir>/start.json`: the start model, its last val_loss and its val CIDEr."""
     last = next((row for row in reversed(history) if row.get("val_loss") is not None), {})
     with open(os.path.join(phase_dir, "start.json"), "w") as f:
         json.dump({"start": start, "xe_epochs": len(history),
-                   "xe_val_loss": last.get("val_loss") if last else None}, f, indent=2)
+                   "xe_val_loss": last.get("val_loss") if last else None,
+                   "start_cider": start_cider}, f, indent=2)
+
+
+def read_start_record(phase_dir: str) -> dict:
+    path = os.path.join(phase_dir, "start.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def best_metric(state) -> float | None:

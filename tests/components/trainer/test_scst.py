@@ -50,7 +50,9 @@ def test_cross_entropy_then_scst_exports_the_best_cider_model(source, tmp_path, 
     xe_best = keras.saving.load_model(os.path.join(ctx.work_dir, "best.keras"))
     assert checkpointing.weights_digest(best) != checkpointing.weights_digest(xe_best)
     with open(os.path.join(ctx.work_dir, "scst", "start.json")) as f:
-        assert json.load(f)["xe_epochs"] == 2
+        start = json.load(f)
+    assert start["xe_epochs"] == 2 and start["start_cider"] == info["start_cider"] >= 0
+    assert f"SCST start: val CIDEr {info['start_cider']:.4f}" in log
 
 
 def test_scst_from_a_model_artifact_refuses_an_unconverged_start(source, tmp_path, capfd):
@@ -159,3 +161,15 @@ def test_the_mixed_in_cross_entropy_changes_the_update():
         assert (float(out["num_tokens"]) > 0) and ((float(out["nll_sum"]) > 0) == (weight > 0))
         digests.append(checkpointing.weights_digest(model))
     assert digests[0] != digests[1]
+
+
+@pytest.mark.slow
+def test_scst_under_mirrored_on_two_logical_cpus(source, tmp_path):
+    tf.constant(0.0) + 1.0  # TF runs here: run() trains `mirrored` in a child process
+    config = _config(**dict(SCST, epochs=1, scst_epochs=1, strategy="mirrored",
+                            cpu_logical_devices=2))
+    props = trainer.run(_ctx(source, str(tmp_path), config))["model"]["properties"]
+    assert props["replicas"] == 2 and props["objective"] == "scst"
+    assert props["steps"] == 4 and props["scst"]["epochs"] == 1
+    assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "scst"]
+    assert np.isfinite(props["final_loss"]) and props["scst"]["final_reward"] >= 0
