@@ -117,6 +117,31 @@ class ScstLoop(TrainingLoop):
         super()._open_outputs()
         self.selection_start = 0
 
+    def start_as_best(self) -> float | None:
+        """Makes the start model the best so far (epoch -1), scored by val CIDEr.
+
+        An SCST epoch then replaces it only by beating its CIDEr: a phase that
+        does not help exports the model it started from.
+
+        Returns:
+          The start model's val CIDEr (None without a validation split).
+        """
+        from components import distribute
+        from components.trainer.sync import chief_values
+        if self.validator is None:
+            return None
+        cider = self.validator.cider() if self.chief else 0.0
+        if self.multi_worker:
+            cider = chief_values(self.strategy, {"cider": cider})["cider"]
+        self.state.best_metric.assign(cider)
+        self.state.best_epoch.assign(-1)
+        target = distribute.write_dir(self.best_path, self.role)
+        checkpointing.atomic_save(self.model, target)
+        distribute.cleanup(target, self.role)
+        self.say(f"{LOG} SCST start: val CIDEr {cider:.4f} (greedy captions); an SCST epoch "
+                 "replaces the start model only by beating it")
+        return cider
+
     def _make_step(self, element_spec):
         from components.trainer.scst_step import make_scst_step
         tcfg = self.tcfg
@@ -215,11 +240,10 @@ def run_scst(strategy, role, config, inputs, work_dir: str, log, *, annotations_
     loop = ScstLoop(strategy, role, config, scst_inputs(inputs, config), work_dir, log,
                     start=start, scorer=scorer, max_length=max_length, started=started,
                     precision=precision)
-    if role.is_chief and not resuming:
-        start_cider = loop.validator.cider() if loop.validator is not None else None
-        if start_cider is not None:
-            say(f"{LOG} SCST start: val CIDEr {start_cider:.4f} (greedy captions)")
-        write_start_record(loop.phase_dir, start, history, start_cider)
+    if not resuming:
+        start_cider = loop.start_as_best()
+        if role.is_chief:
+            write_start_record(loop.phase_dir, start, history, start_cider)
     stop_reason = loop.run()
     say(f"{LOG} self-critical phase stopped at step {int(loop.state.step.numpy())}: "
         f"{stop_reason}")

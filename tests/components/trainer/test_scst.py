@@ -45,10 +45,11 @@ def test_cross_entropy_then_scst_exports_the_best_cider_model(source, tmp_path, 
                 "scst/positive_advantage_fraction", "val/cider", "train/loss"):
         assert tag in events, sorted(events)
     assert all(v >= 0 for _, v in events["scst/reward"])
-    # The exported best model is the SCST phase's best, not the cross-entropy one.
+    # The exported best model is the best SCST epoch, or the start model when none beat it.
     best = keras.saving.load_model(os.path.join(out, "best.keras"))
     xe_best = keras.saving.load_model(os.path.join(ctx.work_dir, "best.keras"))
-    assert checkpointing.weights_digest(best) != checkpointing.weights_digest(xe_best)
+    same = checkpointing.weights_digest(best) == checkpointing.weights_digest(xe_best)
+    assert same == (info["best_epoch"] == -1)
     with open(os.path.join(ctx.work_dir, "scst", "start.json")) as f:
         start = json.load(f)
     assert start["xe_epochs"] == 2 and start["start_cider"] == info["start_cider"] >= 0
@@ -74,6 +75,32 @@ def test_scst_from_a_model_artifact_refuses_an_unconverged_start(source, tmp_pat
     assert props["scst"]["start"] == os.path.join(model_dir, "best.keras")
     assert props["steps"] == 4 and props["scst"]["baseline"] == "mean"
     assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "xe", "scst"]
+
+
+@pytest.mark.parametrize("helps", [False, True])
+def test_the_start_model_is_exported_unless_an_scst_epoch_beats_it(source, tmp_path,
+                                                                  monkeypatch, helps):
+    from components.trainer import validation
+    calls = []
+
+    def cider(self):  # the start model's score first, then each epoch's
+        n = len(calls)
+        calls.append(n)
+        return 0.1 * (n + 1) if helps else 1.0 - 0.1 * n
+
+    monkeypatch.setattr(validation.Validator, "cider", cider)
+    ctx = _ctx(source, str(tmp_path), _config(**SCST))
+    props = trainer.run(ctx)["model"]["properties"]
+    assert len(calls) == 3 and props["scst"]["start_cider"] == pytest.approx(0.1 if helps else 1.0)
+    best = keras.saving.load_model(os.path.join(ctx.outputs["model"], "best.keras"))
+    xe_best = keras.saving.load_model(os.path.join(ctx.work_dir, "best.keras"))
+    same = checkpointing.weights_digest(best) == checkpointing.weights_digest(xe_best)
+    if helps:
+        assert props["scst"]["best_epoch"] == 1 and props["best_metric"] == pytest.approx(0.3)
+        assert not same
+    else:
+        assert props["scst"]["best_epoch"] == -1 and props["best_metric"] == pytest.approx(1.0)
+        assert same
 
 
 def test_convergence_rule():
