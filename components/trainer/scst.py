@@ -253,7 +253,6 @@ def run_scst(strategy, role, config, inputs, work_dir: str, log, *, annotations_
 def scst_inputs(inputs, config):
     """The cross-entropy `TrainInputs` with a dataset that also yields every reference."""
     data = dataclasses.replace(inputs.data, references=True, bucket_by_length=False)
-    data._source = None
     return dataclasses.replace(inputs, data=data,
                                total_steps=inputs.steps_per_epoch * config.train.scst_epochs)
 

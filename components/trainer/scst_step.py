@@ -43,14 +43,14 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
       result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.
     """
     import tensorflow as tf
-    from components.trainer.step import make_apply
+    from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
     from models.text import PAD_ID
     replicas = strategy.num_replicas_in_sync
     variables = model.trainable_variables
     apply = make_apply(strategy, model, optimizer, clip_norm)
     SUM = tf.distribute.ReduceOp.SUM
-    loss_scaled = hasattr(optimizer, "scale_loss") and hasattr(optimizer, "dynamic_scale")
+    loss_scaled = is_loss_scaled(optimizer)
 
     def replica_step(batch, seed):
         ctx = tf.distribute.get_replica_context()

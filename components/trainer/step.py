@@ -55,7 +55,7 @@ def make_train_step(strategy, model, optimizer, clip_norm: float, global_batch_s
     return step
 
 
-def _is_loss_scaled(optimizer) -> bool:
+def is_loss_scaled(optimizer) -> bool:
     import keras
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -64,7 +64,7 @@ def _make_gradients(model, optimizer, global_batch_size: int, jit_compile: bool)
     """`gradients(annotations, tokens, global_tokens) -> (grads, terms)` of one replica."""
     import tensorflow as tf
     variables = model.trainable_variables
-    loss_scaled = _is_loss_scaled(optimizer)
+    loss_scaled = is_loss_scaled(optimizer)
 
     def gradients(annotations, tokens, global_tokens):
         with tf.GradientTape() as tape:
@@ -128,7 +128,7 @@ def make_apply(strategy, model, optimizer, clip_norm: float) -> Callable:
     import tensorflow as tf
     variables = model.trainable_variables
     replicas = strategy.num_replicas_in_sync
-    loss_scaled = _is_loss_scaled(optimizer)
+    loss_scaled = is_loss_scaled(optimizer)
     summed_here = replicas > 1 and clip_norm > 0
 
     def apply(grads):
