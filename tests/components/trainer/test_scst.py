@@ -200,3 +200,22 @@ def test_scst_under_mirrored_on_two_logical_cpus(source, tmp_path):
     assert props["steps"] == 4 and props["scst"]["epochs"] == 1
     assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "scst"]
     assert np.isfinite(props["final_loss"]) and props["scst"]["final_reward"] >= 0
+
+
+def test_init_model_loads_matching_weights_and_names_a_mismatch(tmp_path):
+    from components.trainer import model_setup
+    from pipeline.config import ModelConfig
+    small = ModelConfig(embedding_dim=8, hidden_dim=16, attention_dim=8)
+    saved = model_setup.build_model(small, 18, [3, 3, 8], seed=1)
+    path = str(tmp_path / "m.keras")
+    saved.save(path)
+    same = model_setup.build_model(small, 18, [3, 3, 8], seed=2)
+    assert model_setup.load_weights(same, path) == path
+    assert checkpointing.weights_digest(same) == checkpointing.weights_digest(saved)
+    wider = model_setup.build_model(ModelConfig(embedding_dim=8, hidden_dim=32, attention_dim=8),
+                                    18, [3, 3, 8])
+    with pytest.raises(ValueError, match="same vocabulary and grid with the same model config"):
+        model_setup.load_weights(wider, path)
+    other_vocab = model_setup.build_model(small, 25, [3, 3, 8])
+    with pytest.raises(ValueError, match="train.init_model="):
+        model_setup.load_weights(other_vocab, path)
