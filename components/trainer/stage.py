@@ -41,6 +41,10 @@ def run(ctx) -> dict:
       `{"model": {"counts": {...}, "properties": {...}}}`.
     """
     from components import config as config_lib
+    if ctx.config.train.init_model and not os.path.isabs(ctx.config.train.init_model):
+        # From the command's folder; a child trainer runs elsewhere.
+        ctx.config = config_lib.replace_section(
+            ctx.config, "train", init_model=os.path.abspath(ctx.config.train.init_model))
     tcfg = ctx.config.train
     annotations, vocabulary = ctx.inputs["annotations"], ctx.inputs["vocabulary"]
     out = ctx.outputs["model"]

@@ -219,3 +219,15 @@ def test_init_model_loads_matching_weights_and_names_a_mismatch(tmp_path):
     other_vocab = model_setup.build_model(small, 25, [3, 3, 8])
     with pytest.raises(ValueError, match="train.init_model="):
         model_setup.load_weights(other_vocab, path)
+
+
+def test_a_relative_init_model_is_made_absolute_before_training(source, tmp_path, monkeypatch):
+    from components.trainer import loop
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: seen.setdefault("config", args[2]))
+    monkeypatch.chdir(tmp_path)
+    ctx = _ctx(source, str(tmp_path), _config(init_model="runs/model"))
+    trainer.run(ctx)
+    assert seen["config"].train.init_model == str(tmp_path / "runs" / "model")
+    with open(os.path.join(ctx.work_dir, "config.json")) as f:
+        assert json.load(f)["train"]["init_model"] == str(tmp_path / "runs" / "model")
