@@ -232,15 +232,16 @@ def run_scst(strategy, role, config, inputs, work_dir: str, log, *, annotations_
         start = start_file(tcfg.init_model)
         history = start_history(tcfg.init_model, work_dir)
     phase_dir = os.path.join(work_dir, PHASE_DIR)
-    resuming = os.path.exists(os.path.join(phase_dir, schema.CHECKPOINTS_DIR, "checkpoint"))
-    if not resuming:
-        check_start(config, history, xe_stop_reason, say)
+    if role.is_chief and not os.path.exists(
+            os.path.join(phase_dir, schema.CHECKPOINTS_DIR, "checkpoint")):
+        check_start(config, history, xe_stop_reason, say)  # before the costly setup
     scorer, longest = build_scorer(annotations_uri, inputs.vocab_size, say)
     max_length = tcfg.scst_max_length or longest + 1
     loop = ScstLoop(strategy, role, config, scst_inputs(inputs, config), work_dir, log,
                     start=start, scorer=scorer, max_length=max_length, started=started,
                     precision=precision)
-    if not resuming:
+    # The chief's restored state, which every worker now holds, decides.
+    if loop.resumed_from == 0:
         start_cider = loop.start_as_best()
         if role.is_chief:
             write_start_record(loop.phase_dir, start, history, start_cider)
