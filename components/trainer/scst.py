@@ -17,6 +17,7 @@ import json
 import math
 import os
 
+from components import config as config_lib
 from components import schema
 from components.trainer import checkpointing, summaries
 from components.trainer.export import LOG
@@ -27,8 +28,12 @@ PHASE_DIR = "scst"
 CONVERGED_DELTA = 0.01
 
 
-class NotConvergedError(RuntimeError):
-    """The cross-entropy model SCST would start from is still improving."""
+class NotConvergedError(config_lib.ConfigError):
+    """The cross-entropy model SCST would start from is still improving.
+
+    A config error: the fix is `train.epochs`, `train.patience` or
+    `train.scst_require_converged`, and `captioner` prints it as one line.
+    """
 
 
 def convergence(history: list[dict], stop_reason: str = "") -> tuple[bool, str]:

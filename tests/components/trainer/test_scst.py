@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from components import config as config_lib
 from components import trainer
 from components.trainer import checkpointing, scst
 from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, make_scst_step
@@ -63,6 +64,8 @@ def test_scst_from_a_model_artifact_refuses_an_unconverged_start(source, tmp_pat
     strict = dict(SCST, init_model=model_dir, scst_require_converged=True)
     with pytest.raises(scst.NotConvergedError, match="train.scst_require_converged=false"):
         trainer.run(_ctx(source, str(tmp_path / "strict"), _config(**strict)))
+    # `captioner` prints config errors as one line, exit code 2.
+    assert issubclass(scst.NotConvergedError, config_lib.ConfigError)
     capfd.readouterr()
     loose = _ctx(source, str(tmp_path / "loose"),
                  _config(**dict(strict, scst_require_converged=False, scst_epochs=1,
