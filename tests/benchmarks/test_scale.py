@@ -1,7 +1,6 @@
 """benchmarks/scale.py: its overrides are valid config, RSS of a process tree, the summary."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,17 +9,13 @@ import sys
 import pytest
 
 from pipeline import config as config_lib
+from tests.benchmarks import ROOT, load_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def scale():
-    spec = importlib.util.spec_from_file_location(
-        "scale_benchmark", os.path.join(ROOT, "benchmarks", "scale.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scale")
 
 
 def test_overrides_give_paper_shaped_grids_and_budgeted_training(scale):

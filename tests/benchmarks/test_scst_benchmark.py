@@ -1,23 +1,15 @@
 """benchmarks/scst.py: the two runs it makes per attention and how it judges the targets."""
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 
 from pipeline import config as config_lib
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "scst_benchmark", os.path.join(ROOT, "benchmarks", "scst.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scst")
 
 
 def _summary(model, **metrics):
