@@ -73,8 +73,11 @@ def ngram_keys(tokens, order: int, vocab_size: int):
     Returns:
       keys (..., T) int64 and valid (..., T) bool (n words from there on).
     """
-    base = _check_vocab(vocab_size)
-    words, mask = _compact(tokens)
+    return _keys(*_compact(tokens), order, _check_vocab(vocab_size))
+
+
+def _keys(words, mask, order: int, base: int):
+    """`ngram_keys` of captions already `_compact`ed."""
     steps = tf.shape(words)[-1]
     keys = tf.zeros_like(words)
     valid = tf.ones_like(mask)
@@ -174,25 +177,30 @@ class CiderD:
         """
         candidates = tf.convert_to_tensor(candidates)
         references = tf.convert_to_tensor(references)
-        num_refs = tf.reduce_sum(tf.cast(tf.reduce_any(words_mask(references), -1),
-                                         tf.float32), -1)                    # (batch,)
+        ref_present = tf.cast(tf.reduce_any(words_mask(references), -1), tf.float32)  # (b, R)
+        num_refs = tf.reduce_sum(ref_present, -1)                            # (batch,)
         total = 0.0
         cand_bigrams = ref_bigrams = None
+        cand, refs = _compact(candidates), _compact(references)   # once for every order
         for order in range(1, ORDERS + 1):
-            val, cand_count, ref_count = self._similarity(candidates, references, order)
+            val, cand_count, ref_count = self._similarity(cand, refs, order)
             total = total + val                                            # (batch, K, R)
             if order == 2:
                 cand_bigrams, ref_bigrams = cand_count, ref_count
         delta = cand_bigrams[:, :, None] - ref_bigrams[:, None, :]         # (batch, K, R)
         total = total * tf.exp(-tf.square(delta) / (2.0 * self.sigma ** 2))
-        ref_present = tf.cast(tf.reduce_any(words_mask(references), -1), tf.float32)
         summed = tf.reduce_sum(total * ref_present[:, None, :], -1)         # (batch, K)
         return 10.0 * summed / (ORDERS * tf.maximum(num_refs, 1.0))[:, None]
 
-    def _similarity(self, candidates, references, order: int):
-        """One order's clipped cosine `(batch, K, R)` and the n-gram counts of both sides."""
-        ck, cv = ngram_keys(candidates, order, self.vocab_size)            # (b, K, P)
-        rk, rv = ngram_keys(references, order, self.vocab_size)            # (b, R, Q)
+    def _similarity(self, cand, refs, order: int):
+        """One order's clipped cosine `(batch, K, R)` and the n-gram counts of both sides.
+
+        `cand` and `refs` are `_compact`ed `(words, mask)` of the candidates
+        (b, K, T) and the references (b, R, T').
+        """
+        base = self.vocab_size + 1
+        ck, cv = _keys(*cand, order, base)                                 # (b, K, P)
+        rk, rv = _keys(*refs, order, base)                                 # (b, R, Q)
         cvf, rvf = tf.cast(cv, tf.float32), tf.cast(rv, tf.float32)
         c_idf, r_idf = self.idf(ck), self.idf(rk)
         # Term frequency of each position's n-gram in its own caption.
