@@ -2,7 +2,32 @@
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
+
+def score(energy, w):
+    """`sum_k energy_k w_k` over the last axis, with a hand-written gradient.
+
+    Autodiff of the multiply-and-sum tiles the score gradient over the units
+    and reduces `ds * energy` elementwise for `w`; here `ds * w` is one
+    broadcast multiply and `dw` one matrix-vector product. (A `(units -> 1)`
+    matmul instead is slower still: oneDNN's rank-1 gradient.)
+
+    Args:
+      energy: (..., units) float32.
+      w: (units,) float32.
+    Returns:
+      (...) float32 scores.
+    """
+    @tf.custom_gradient
+    def forward(energy, w):
+        def grad(ds):
+            flat_e = tf.reshape(energy, [-1, tf.shape(energy)[-1]])             # (N, units)
+            flat_ds = tf.reshape(ds, [1, -1])                                  # (1, N)
+            return ds[..., None] * w, tf.reshape(tf.matmul(flat_ds, flat_e), [-1])
+        return tf.reduce_sum(energy * w, axis=-1), grad
+    return forward(energy, tf.convert_to_tensor(w))
+
 
 # Added to the scores of masked regions: exp() of it underflows to exactly 0
 # in float32, and it stays finite so that no inf - inf can appear.
@@ -17,6 +42,12 @@ class AttentionScorer(keras.layers.Layer):
     the float32 masked softmax, the subclasses turn `alpha` into a context.
     `W_a a_i + b` does not depend on the step, so `project()` computes it
     once per sequence and `attention_weights()` takes the result.
+
+    Under a mixed-precision policy the matmuls run in the compute dtype, but
+    the MLP's sum, `tanh` and score run in float32, like the softmax: on a
+    CPU, bfloat16 elementwise math is emulated (its `tanh` and `tanh`
+    gradient took twice float32's time in the decoder's profile), and a
+    `units`-term sum keeps more of its precision in float32.
 
     Called on its own it returns the attention weights, which is what
     attention analyses need without a context vector.
@@ -70,9 +101,10 @@ class AttentionScorer(keras.layers.Layer):
         Args:
           annotations: (batch, L, D).
         Returns:
-          (batch, L, units) in the compute dtype.
+          (batch, L, units) float32.
         """
-        return self.annotation_projection(ops.cast(annotations, self.compute_dtype))
+        projected = self.annotation_projection(ops.cast(annotations, self.compute_dtype))
+        return ops.cast(projected, "float32")
 
     def attention_weights(self, projected, hidden, mask=None):
         """`alpha_t = softmax(e_t)` over the regions, in float32.
@@ -85,10 +117,9 @@ class AttentionScorer(keras.layers.Layer):
         Returns:
           `(alpha, log_alpha)`, both (batch, L) float32.
         """
-        hidden = ops.cast(hidden, self.compute_dtype)
-        energy = ops.tanh(projected + ops.expand_dims(self.hidden_projection(hidden), 1))
-        w = ops.cast(self.score_kernel, self.compute_dtype)
-        scores = ops.cast(ops.sum(energy * w, axis=-1), "float32")          # (batch, L)
+        hidden = ops.cast(self.hidden_projection(ops.cast(hidden, self.compute_dtype)), "float32")
+        energy = ops.tanh(ops.cast(projected, "float32") + ops.expand_dims(hidden, 1))
+        scores = score(energy, ops.cast(self.score_kernel, "float32"))        # (batch, L)
         if mask is not None:
             mask = ops.cast(mask, "bool")
             scores = ops.where(mask, scores, _MASKED_SCORE)

@@ -15,8 +15,11 @@ def get_config() -> PipelineConfig:
         name="demo",
         data=DataConfig(source="synthetic", num_images=8000, image_size=64, seed=0,
                         val_fraction=0.05, test_fraction=0.05, num_shards=4),
+        # patience 1: the best epoch's weights are kept, and on the demo data val
+        # mAP rises by < 0.005 after epoch 4 (0.876, 0.879, 0.879), so a second
+        # patient epoch only delays the stop (about 11 s), with the same encoder.
         encoder=EncoderConfig(kind="small_cnn", image_size=64, width=16, grid_size=8,
-                              batch_size=64, max_epochs=12, patience=2, min_delta=0.005),
+                              batch_size=64, max_epochs=12, patience=1, min_delta=0.005),
         preprocess=PreprocessConfig(max_batch_size=128, min_batch_size=16, num_shards=4),
         # With T ~ 20 words and L = 64 regions, lambda = 1 makes the doubly
         # stochastic penalty (minimum (L - T)^2 / L ~ 30 at uniform attention)

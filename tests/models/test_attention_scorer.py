@@ -38,3 +38,24 @@ def test_soft_and_hard_attention_weight_regions_like_their_scorer():
         layer.set_weights(scorer.get_weights())
         np.testing.assert_allclose(layer(a, h)[1], alpha, rtol=1e-6)
 
+
+
+def test_score_gradient_equals_autodiff_of_multiply_and_sum():
+    import tensorflow as tf
+    from models.attention_scorer import score
+    rng = np.random.default_rng(0)
+    energy = tf.constant(np.tanh(rng.normal(size=(3, REGIONS, UNITS))), tf.float32)
+    w = tf.constant(rng.normal(size=(UNITS,)), tf.float32)
+    upstream = tf.constant(rng.normal(size=(3, REGIONS)), tf.float32)
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([energy, w])
+            out = fn(energy, w)
+            loss = tf.reduce_sum(out * upstream)
+        return (out, *tape.gradient(loss, [energy, w]))
+
+    ours = grads(score)
+    plain = grads(lambda e, v: tf.reduce_sum(e * v, axis=-1))
+    for got, want in zip(ours, plain):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
