@@ -37,8 +37,8 @@ class ShowAttendTell(keras.Model):
     word embeddings and their LSTM input transform, and the deep output with
     the vocabulary projection of all steps are batched matmuls outside the
     time loop; only the recurrence runs in a `tf.while_loop`. Softmaxes,
-    logits and losses are float32 under mixed precision; the LSTM cell state
-    is float32 too.
+    logits and losses are float32 under mixed precision, and so are the
+    attention MLP's `tanh` and scores and the LSTM cell state.
 
     The constructor takes the fields of `components.config.ModelConfig` as
     keyword arguments, except that the config's

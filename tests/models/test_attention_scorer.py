@@ -59,3 +59,26 @@ def test_score_gradient_equals_autodiff_of_multiply_and_sum():
     plain = grads(lambda e, v: tf.reduce_sum(e * v, axis=-1))
     for got, want in zip(ours, plain):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_precision_scores_in_float32_from_compute_dtype_matmuls():
+    # Under mixed_bfloat16 the projections are bfloat16 matmuls, but the MLP's
+    # sum, tanh and score are float32: the scores equal a float32 evaluation
+    # of the same bfloat16 projections.
+    import tensorflow as tf
+    from tests.models.tiny import policy
+    with policy("mixed_bfloat16"):
+        keras.utils.set_random_seed(0)
+        scorer = AttentionScorer(UNITS)
+        a, h = annotations(), hidden()
+        alpha, log_alpha = scorer(a, h)
+        projected = scorer.project(a)
+        assert projected.dtype == tf.float32
+        hidden_bf16 = scorer.hidden_projection(tf.cast(h, tf.bfloat16))
+    assert alpha.dtype == log_alpha.dtype == tf.float32
+    energy = np.tanh(np.asarray(projected) + np.asarray(tf.cast(hidden_bf16, tf.float32))[:, None])
+    scores = (energy * np.asarray(scorer.score_kernel)).sum(-1)
+    expected = scores - np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1,
+                                                                           keepdims=True)) \
+        - scores.max(-1, keepdims=True)
+    np.testing.assert_allclose(log_alpha, expected, rtol=1e-5, atol=1e-5)
