@@ -168,7 +168,10 @@ ARTIFACT_LAYOUTS = (
           "mixed-precision policy"),
          (HISTORY_FILE, "one validation row per epoch (`\"phase\": \"scst\"` on the "
           "self-critical epochs); `train.init_model` checks convergence on it")),
-        notes="`properties` include `mixed_precision` (the Keras policy trained in, "
+        notes="Both `.keras` files compute in float32 whatever the training policy (the "
+              "same float32 variables), so the Evaluator and the Pusher's SavedModel decode at "
+              "full speed on hosts without native bfloat16. "
+              "`properties` include `mixed_precision` (the Keras policy trained in, "
               "`train.mixed_precision=auto` resolved), `mixed_precision_requested` and "
               "`mixed_precision_reason`; `objective`, and with `train.objective=scst` a `scst` "
               "record (start model, epochs, best validation CIDEr, samples, baseline)."),

@@ -535,6 +535,23 @@ class ShowAttendTell(keras.Model):
             self, annotations, tokens, mask=mask, training=training,
             global_batch_size=global_batch_size, update_baseline_now=update_baseline)
 
+    def as_float32(self) -> "ShowAttendTell":
+        """The same model computing in float32: itself, or a float32 twin with its weights.
+
+        Training may run in `mixed_bfloat16` or `mixed_float16` (the
+        variables are float32 either way); a saved model should decode at
+        full speed on any host, and a host without native bfloat16 emulates
+        it several times slower than float32.
+        """
+        if self.dtype_policy.name == "float32" or self._annotation_dim is None:
+            return self
+        config = self.get_config()
+        config["dtype"] = "float32"
+        twin = type(self).from_config(config)
+        twin.build((None, None, self._annotation_dim))
+        twin.set_weights(self.get_weights())
+        return twin
+
     def get_config(self):
         config = super().get_config()
         config.update({

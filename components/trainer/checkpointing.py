@@ -42,10 +42,16 @@ class TrainState:
 
 
 def atomic_save(model, path: str) -> None:
-    """Saves a `.keras` file next to `path`, then renames it into place."""
+    """Saves the model in float32 to a `.keras` file next to `path`, then renames it into place.
+
+    Whatever policy training ran in, saved models compute in float32 (the
+    same weights: the variables are float32 under mixed precision too), so
+    that the Evaluator, the Pusher's SavedModel and TF Serving decode at
+    full speed on hosts without native bfloat16.
+    """
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
-    model.save(tmp)
+    model.as_float32().save(tmp)
     os.replace(tmp, path)
 
 

@@ -372,9 +372,15 @@ def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkey
     assert "precision mixed_bfloat16 (auto: no GPU; CPU flag avx512_bf16)" in capfd.readouterr().err
     with open(os.path.join(ctx.outputs["model"], "model_config.json")) as f:
         assert json.load(f)["mixed_precision"] == "mixed_bfloat16"
+    # Trained in bfloat16, saved to compute in float32, with the very weights trained.
+    from components.trainer import checkpointing
+    for name in ("model.keras", "best.keras"):
+        model = keras.saving.load_model(os.path.join(ctx.outputs["model"], name))
+        assert {w.dtype for w in model.trainable_weights} == {"float32"}
+        assert model.dtype_policy.name == "float32"
+        assert {layer.dtype_policy.name for layer in model._flatten_layers()} == {"float32"}
     model = keras.saving.load_model(os.path.join(ctx.outputs["model"], "model.keras"))
-    assert {w.dtype for w in model.trainable_weights} == {"float32"}
-    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert checkpointing.weights_digest(model) == props["weights_digest"]
     assert keras.mixed_precision.global_policy().name == "float32"   # restored
     with pytest.raises(ValueError, match="auto, float32"):
         trainer.run(_ctx(source, str(tmp_path / "bad"), _config(mixed_precision="bf16")))

@@ -299,6 +299,23 @@ def test_mixed_precision_dtypes(name, compute, attention):
     np.testing.assert_allclose(np.asarray(decoded["attention"])[:, 0].sum(-1), 1.0, rtol=1e-3)
 
 
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_as_float32_is_a_float32_twin_with_the_same_weights(attention):
+    with policy("mixed_bfloat16"):
+        model = make_model(attention)
+        model.compute_loss_terms(annotations(), CAPTIONS)   # moves the hard baseline
+        mixed = model({"annotations": annotations(), "tokens": CAPTIONS[:, :-1]})
+    twin = model.as_float32()
+    assert twin is not model and twin.compute_dtype == "float32"
+    assert {layer.compute_dtype for layer in twin._flatten_layers()} == {"float32"}
+    assert [w.path for w in twin.weights] == [w.path for w in model.weights]
+    for a, b in zip(twin.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    full = twin({"annotations": annotations(), "tokens": CAPTIONS[:, :-1]})
+    np.testing.assert_allclose(full["logits"], mixed["logits"], atol=0.05)
+    assert twin.as_float32() is twin
+
+
 def _expected_baseline_model(**kwargs):
     config = dict(expected_alpha_prob=0.0, entropy_lambda=0.0, reinforce_credit="token",
                   reinforce_baseline="expected", dropout=0.0)
