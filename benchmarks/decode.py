@@ -2,6 +2,7 @@
 
     python benchmarks/decode.py                   # about 1 min on 2 CPU cores
     python benchmarks/decode.py --runs 5          # quicker
+    python benchmarks/decode.py --precision mixed_bfloat16   # also its float32 twin
 
 At the tutorial's sizes (embedding 256, hidden/units 512, 64 x 2048
 annotations, vocabulary 5000), one image, up to `--max-length` 20 words:
@@ -16,6 +17,11 @@ Both models are untrained (random weights), so neither emits `<end>` early
 and every run decodes `--max-length` words; the JSON reports the lengths to
 show that. Runs alternate (ours greedy, ours beam, baseline, ...); figures are
 medians over `--runs`.
+
+`--precision mixed_bfloat16` (or `mixed_float16`) builds ours in that
+policy and also times its float32 twin (`ShowAttendTell.as_float32()`, the
+same weights), as the Trainer saves it: `twin_speedup` is the mixed model's
+greedy latency over the twin's.
 
 Prints one JSON line at the end; `ratio` is baseline latency / our greedy
 latency.
@@ -42,8 +48,12 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=15, help="timed runs of each (median)")
     parser.add_argument("--max-length", type=int, default=20)
     parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--precision", default="float32",
+                        choices=("float32", "mixed_bfloat16", "mixed_float16"),
+                        help="Keras policy of our model (not float32: its float32 twin too)")
     args = parser.parse_args(argv)
 
+    import keras
     import tensorflow as tf
     from benchmarks.baselines import tf_tutorial_captioner as tutorial
     from models.decoding import beam_search, greedy_decode
@@ -52,22 +62,30 @@ def main(argv=None):
     s = SIZES
     rng = np.random.default_rng(0)
     image = tf.constant(rng.normal(size=(1, s["regions"], s["dim"])).astype("float32"))
-    model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
-                           hidden_dim=s["hidden"], attention_dim=s["attention"], seed=0)
-    model.build((None, s["regions"], s["dim"]))
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(args.precision)
+    try:
+        model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
+                               hidden_dim=s["hidden"], attention_dim=s["attention"], seed=0)
+        model.build((None, s["regions"], s["dim"]))
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     spec = [tf.TensorSpec((None, s["regions"], s["dim"]), tf.float32)]
-    greedy = tf.function(lambda x: greedy_decode(model, x, args.max_length),
-                         input_signature=spec, autograph=False)
-    beam = tf.function(lambda x: beam_search(model, x, args.beam_size, args.max_length),
-                       input_signature=spec, autograph=False)
-    encoder, decoder = tutorial.build()
 
-    runners = {
-        "ours_greedy": lambda: int(greedy(image)["lengths"][0]),
-        "ours_beam": lambda: int(beam(image)["lengths"][0]),
-        "baseline_greedy": lambda: len(tutorial.evaluate(encoder, decoder, image,
-                                                         args.max_length)),
-    }
+    def decoders(m):
+        greedy = tf.function(lambda x: greedy_decode(m, x, args.max_length),
+                             input_signature=spec, autograph=False)
+        beam = tf.function(lambda x: beam_search(m, x, args.beam_size, args.max_length),
+                           input_signature=spec, autograph=False)
+        return (lambda: int(greedy(image)["lengths"][0]),
+                lambda: int(beam(image)["lengths"][0]))
+
+    encoder, decoder = tutorial.build()
+    runners = dict(zip(("ours_greedy", "ours_beam"), decoders(model)))
+    runners["baseline_greedy"] = lambda: len(tutorial.evaluate(encoder, decoder, image,
+                                                               args.max_length))
+    if args.precision != "float32":
+        runners.update(zip(("twin_greedy", "twin_beam"), decoders(model.as_float32())))
     first_call_s, lengths = {}, {}
     for name, run in runners.items():
         start = time.perf_counter()
@@ -83,6 +101,7 @@ def main(argv=None):
     result = {"benchmark": "decode", "machine": cpu_model(), "cpus": os.cpu_count(),
               "tensorflow": tf.__version__, "sizes": {k: s[k] for k in (
                   "regions", "dim", "embedding", "hidden", "attention", "vocab")},
+              "precision": args.precision,
               "batch": 1, "max_length": args.max_length, "beam_size": args.beam_size,
               "runs": args.runs, "first_call_s": first_call_s, "lengths": lengths}
     for name, values in times.items():
@@ -91,6 +110,8 @@ def main(argv=None):
                                           for q in statistics.quantiles(values, n=4)]
     result["ratio"] = round(result["baseline_greedy_ms"] / result["ours_greedy_ms"], 2)
     result["ratio_beam"] = round(result["baseline_greedy_ms"] / result["ours_beam_ms"], 2)
+    if "twin_greedy_ms" in result:
+        result["twin_speedup"] = round(result["ours_greedy_ms"] / result["twin_greedy_ms"], 2)
     print(json.dumps(result))
     return result
 
