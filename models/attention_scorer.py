@@ -6,12 +6,13 @@ import tensorflow as tf
 from keras import ops
 
 def score(energy, w):
-    """`sum_k energy_k w_k` over the last axis, with a hand-written gradient.
+    """`sum_k energy_k w_k` over the last axis, as a matrix-vector product with its own gradient.
 
-    Autodiff of the multiply-and-sum tiles the score gradient over the units
-    and reduces `ds * energy` elementwise for `w`; here `ds * w` is one
-    broadcast multiply and `dw` one matrix-vector product. (A `(units -> 1)`
-    matmul instead is slower still: oneDNN's rank-1 gradient.)
+    The forward pass reads `energy` once (a multiply-and-sum writes and
+    reads a product as large as `energy`). Autodiff of the matmul would
+    make `ds * w` a rank-1 matmul, slow in oneDNN, and autodiff of the
+    multiply-and-sum tiles `ds`; here `ds * w` is one broadcast multiply and
+    `dw` one matrix-vector product.
 
     Args:
       energy: (..., units) float32.
@@ -21,11 +22,13 @@ def score(energy, w):
     """
     @tf.custom_gradient
     def forward(energy, w):
+        flat_e = tf.reshape(energy, [-1, tf.shape(energy)[-1]])                 # (N, units)
+
         def grad(ds):
-            flat_e = tf.reshape(energy, [-1, tf.shape(energy)[-1]])             # (N, units)
             flat_ds = tf.reshape(ds, [1, -1])                                  # (1, N)
             return ds[..., None] * w, tf.reshape(tf.matmul(flat_ds, flat_e), [-1])
-        return tf.reduce_sum(energy * w, axis=-1), grad
+        scores = tf.reshape(tf.matmul(flat_e, w[:, None]), tf.shape(energy)[:-1])
+        return tf.ensure_shape(scores, energy.shape[:-1]), grad
     return forward(energy, tf.convert_to_tensor(w))
 
 
