@@ -2,7 +2,7 @@
 
     captioner run --config demo --root demo_output/pipeline     (or: make demo)
 
-The whole pipeline takes about 6 minutes on 2 CPU cores with native bfloat16
+The whole pipeline takes about 7 minutes on 2 CPU cores with native bfloat16
 and at most 15 without (see README for the measured time and metrics; soft
 attention reaches Bleu_4 >= 0.75 and CIDEr >= 5 on the test split).
 """
