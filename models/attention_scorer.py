@@ -5,6 +5,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+
 def score(energy, w):
     """`sum_k energy_k w_k` over the last axis, as a matrix-vector product with its own gradient.
 
@@ -80,8 +81,7 @@ class AttentionScorer(keras.layers.Layer):
         self.hidden_projection = keras.layers.Dense(       # W_h
             self.units, use_bias=False, dtype=self.dtype_policy, name="hidden_projection")
         self.hidden_projection.build(hidden_shape)
-        # w: applied as a multiply-and-sum; a (units -> 1) matmul and its
-        # rank-1 gradient are several times slower on CPU.
+        # w: applied by `score` (a matrix-vector product with its own gradient);
         # autocast=False: read in float32 even inside a mixed-precision call.
         self.score_kernel = self.add_weight(
             shape=(self.units,), initializer="glorot_uniform", autocast=False,
