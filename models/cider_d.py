@@ -116,7 +116,7 @@ class CiderD:
 
     def __init__(self, keys, document_frequency, num_documents: int, vocab_size: int,
                  sigma: float = SIGMA):
-        _check_vocab(vocab_size)
+        self._base = _check_vocab(vocab_size)   # the n-gram keys' base
         if num_documents < 1:
             raise ValueError("CIDEr-D needs at least one reference image")
         self.vocab_size = int(vocab_size)
@@ -198,9 +198,8 @@ class CiderD:
         `cand` and `refs` are `_compact`ed `(words, mask)` of the candidates
         (b, K, T) and the references (b, R, T').
         """
-        base = self.vocab_size + 1
-        ck, cv = _keys(*cand, order, base)                                 # (b, K, P)
-        rk, rv = _keys(*refs, order, base)                                 # (b, R, Q)
+        ck, cv = _keys(*cand, order, self._base)                           # (b, K, P)
+        rk, rv = _keys(*refs, order, self._base)                           # (b, R, Q)
         cvf, rvf = tf.cast(cv, tf.float32), tf.cast(rv, tf.float32)
         c_idf, r_idf = self.idf(ck), self.idf(rk)
         # Term frequency of each position's n-gram in its own caption.

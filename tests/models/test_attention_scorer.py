@@ -78,7 +78,6 @@ def test_mixed_precision_scores_in_float32_from_compute_dtype_matmuls():
     assert alpha.dtype == log_alpha.dtype == tf.float32
     energy = np.tanh(np.asarray(projected) + np.asarray(tf.cast(hidden_bf16, tf.float32))[:, None])
     scores = (energy * np.asarray(scorer.score_kernel)).sum(-1)
-    expected = scores - np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1,
-                                                                           keepdims=True)) \
-        - scores.max(-1, keepdims=True)
+    top = scores.max(-1, keepdims=True)
+    expected = scores - top - np.log(np.exp(scores - top).sum(-1, keepdims=True))  # log-softmax
     np.testing.assert_allclose(log_alpha, expected, rtol=1e-5, atol=1e-5)
