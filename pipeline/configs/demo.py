@@ -2,8 +2,8 @@
 
     captioner run --config demo --root demo_output/pipeline     (or: make demo)
 
-The whole pipeline takes about 7 minutes on 2 CPU cores with native bfloat16
-and at most 15 without (see README for the measured time and metrics; soft
+The whole pipeline takes about 5 minutes on 2 CPU cores with native bfloat16
+and about 13 without (see README for the measured time and metrics; soft
 attention reaches Bleu_4 >= 0.75 and CIDEr >= 5 on the test split).
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
@@ -38,7 +38,7 @@ def get_config() -> PipelineConfig:
                           reinforce_baseline="expected", entropy_lambda=0.0),
         # Learning rate 4e-3, 24 epochs: relation_accuracy 0.908, 0.877, 0.942 with
         # train.seed 0, 1, 2 (bfloat16, same data); 2e-3 gave 0.865, 0.854, 0.908
-        # at 30 epochs and 0.842-0.873 at 24 (other data): too close to the 0.85
+        # at 30 epochs and 0.842-0.873 at 24 (an earlier root): too close to the 0.85
         # floor. 4e-3 at 30 epochs reaches 0.927-0.962 but costs about 45 s more.
         # `--set train.objective=scst` (docs/scst.md): from the scenes soft model
         # (val CIDEr 0.861 greedy), 2 SCST epochs reach 0.884 at 5e-5, 0.934 at
