@@ -226,7 +226,8 @@ def main(argv=None):
         compile_s[name] = round(time.perf_counter() - start, 1)
         for _ in range(args.warmup):
             float(step(annotations, captions))
-    times = {"ours": [], "baseline": [], **{policy: [] for policy in peaks}}
+    times = {"ours": [], "baseline": []}
+    peak_times = {policy: [] for policy in peaks}
     cpu_times = {"ours": [], "baseline": []}
     for r in range(args.repeats):
         for name, step in (("ours", ours), ("baseline", baseline)):
@@ -234,13 +235,14 @@ def main(argv=None):
             times[name].append(wall)
             cpu_times[name].append(cpu)
         for policy, peak in peaks.items():
-            times[policy].append(statistics.median(peak() for _ in range(3)))
-        matmul = ", ".join(f"{policy} matmul {times[policy][-1]:.1f} GFLOP/s" for policy in peaks)
+            peak_times[policy].append(statistics.median(peak() for _ in range(3)))
+        matmul = ", ".join(f"{policy} matmul {gflops[-1]:.1f} GFLOP/s"
+                           for policy, gflops in peak_times.items())
         print(f"repeat {r + 1}/{args.repeats}: ours {times['ours'][-1]:.3f} s/step, "
               f"baseline {times['baseline'][-1]:.3f} s/step, {matmul}",
               file=sys.stderr, flush=True)
 
-    peak_gflops = {policy: statistics.median(times[policy]) for policy in peaks}
+    peak_gflops = {policy: statistics.median(gflops) for policy, gflops in peak_times.items()}
     result = {"benchmark": "train_step", "machine": cpu_model(), "cpus": os.cpu_count(),
               "tensorflow": tf.__version__, "precision": chosen.policy,
               "precision_requested": chosen.requested, "precision_reason": chosen.reason,
