@@ -152,7 +152,7 @@ class EvalConfig:
     beam_size: int = 3                 # 1 = greedy; the Pusher exports the same
     max_length: int = 30               # longest caption, in words; the Pusher exports the same
     length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Pusher exports the same
-    batch_size: int = 128              # images decoded and scored per batch (one batch of grids in memory at a time)
+    batch_size: int = 1                # images per serving_default call (1 = as a single-image request is served, bit for bit)
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
     thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})  # metric -> minimum for blessing (JSON)
@@ -371,12 +371,47 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     return config
 
 
-# Paths each stage reads: (stage, key, "file" | "dir").
+# Paths each stage reads: (stage, key, "file" | "dir" | "path" (either)).
 _PATH_KEYS = (("ExampleGen", "data.captions_json", "file"),
               ("ExampleGen", "data.images_dir", "dir"),
               ("ExampleGen", "data.tfds_data_dir", "dir"),
               ("EncoderTrainer", "encoder.weights", "file"),
               ("Trainer", "train.init_model", "path"))
+# Values of `encoder.weights` that name no file (see `models.encoder.keras_app_backbone`).
+_WEIGHTS_KEYWORDS = ("", "none", "imagenet")
+
+
+def path_keys_read(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
+    """The path keys whose value the config's stages read, with that value.
+
+    A key the config makes irrelevant is left out: `data.captions_json` and
+    `data.images_dir` unless `data.source` is coco or karpathy,
+    `data.tfds_data_dir` unless it is tfds, and `encoder.weights` unless
+    `encoder.kind` is keras_app and the value is a path (not `imagenet` or
+    `none`). A value may be `""`: not set (for `data.tfds_data_dir`, TFDS's
+    default folder).
+
+    Args:
+      config: a resolved config.
+    Returns:
+      (stage, key, kind, value) tuples, in `_PATH_KEYS` order; kind is
+      `file`, `dir` or `path` (a file or a folder).
+    """
+    source = config.data.source
+    used_by_source = {"data.captions_json": source in ("coco", "karpathy"),
+                      "data.images_dir": source in ("coco", "karpathy"),
+                      "data.tfds_data_dir": source == "tfds"}
+    read = []
+    for stage, key, kind in _PATH_KEYS:
+        if not used_by_source.get(key, True):
+            continue
+        section, name = key.split(".")
+        path = getattr(getattr(config, section), name)
+        if key == "encoder.weights" and (config.encoder.kind != "keras_app"
+                                         or path.strip().lower() in _WEIGHTS_KEYWORDS):
+            continue
+        read.append((stage, key, kind, path))
+    return read
 
 
 def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> None:
@@ -395,20 +430,8 @@ def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> 
         raise ConfigError(f"data.source={source} needs data.captions_json (the {what} "
                           "file) and data.images_dir, e.g. --set data.captions_json=PATH "
                           "--set data.images_dir=DIR")
-    used_by_source = {"data.captions_json": source in ("coco", "karpathy"),
-                      "data.images_dir": source in ("coco", "karpathy"),
-                      "data.tfds_data_dir": source == "tfds"}
-    for stage, key, kind in _PATH_KEYS:
-        if stages is not None and stage not in stages:
-            continue
-        if not used_by_source.get(key, True):
-            continue
-        section, name = key.split(".")
-        path = getattr(getattr(config, section), name)
-        if key == "encoder.weights" and (config.encoder.kind != "keras_app"
-                                         or path.lower() in ("", "none", "imagenet")):
-            continue
-        if not path:
+    for stage, key, kind, path in path_keys_read(config):
+        if (stages is not None and stage not in stages) or not path:
             continue
         exists = (os.path.exists(path) if kind == "path" else
                   os.path.isfile(path) if kind == "file" else os.path.isdir(path))
@@ -419,6 +442,8 @@ def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> 
                      " (it is a file)" if kind == "dir" and os.path.isfile(path) else
                      " (it does not exist)")
             raise ConfigError(f"{key}={path!r}: expected {what}{found}")
+
+
 def _coerce(value: str, typ: Any, where: str) -> Any:
     """Parses a command-line string into the field's declared type."""
     origin = typing.get_origin(typ)
