@@ -51,6 +51,19 @@ class MetadataStore:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._add_column("executions", "external_inputs", "TEXT")
+
+    def _add_column(self, table: str, column: str, typ: str) -> None:
+        """Adds `column` to `table` unless it is there: a store from before it stays readable."""
+        columns = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+        if column in columns:
+            return
+        try:
+            self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {typ}")
+        except sqlite3.OperationalError as e:
+            # Another process added it first, or a read-only store (inspect still reads it).
+            if "duplicate column" not in str(e) and "readonly" not in str(e):
+                raise
 
     def close(self) -> None:
         self._db.close()
@@ -73,6 +86,21 @@ class MetadataStore:
             "INSERT INTO executions(stage, fingerprint, state, reused_execution, started, finished)"
             " VALUES (?,?,?,?,?,?)", (stage, fingerprint, "cached", reused, now, now))
         return int(cur.lastrowid)
+
+    def set_external_inputs(self, execution_id: int, records: Any) -> None:
+        """Records the outside inputs an execution read (`pipeline.input_fingerprints`)."""
+        self._db.execute("UPDATE executions SET external_inputs=? WHERE id=?",
+                         (json.dumps(records, default=str), execution_id))
+
+    def external_inputs(self, stage: str) -> list[tuple[int, Any]]:
+        """(execution id, recorded outside inputs) of complete executions of `stage`, newest first.
+
+        Executions from before the column existed have none and are left out.
+        """
+        rows = self._db.execute(
+            "SELECT id, external_inputs FROM executions WHERE stage=? AND state='complete'"
+            " AND external_inputs IS NOT NULL ORDER BY id DESC", (stage,)).fetchall()
+        return [(int(r["id"]), json.loads(r["external_inputs"])) for r in rows]
 
     def abandon_running(self) -> list[int]:
         """Marks executions left `running` by a killed process as `abandoned`."""
