@@ -152,7 +152,7 @@ class EvalConfig:
     beam_size: int = 3                 # 1 = greedy; the Pusher exports the same
     max_length: int = 30               # longest caption, in words; the Pusher exports the same
     length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Pusher exports the same
-    batch_size: int = 1                # images per serving_default call (1 = as a single-image request is served, bit for bit)
+    batch_size: int = 128              # images decoded and scored per batch (one batch of grids in memory at a time)
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
     thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})  # metric -> minimum for blessing (JSON)
