@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 from components.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
 from pipeline import config as config_lib
 from pipeline import dag
+from pipeline import input_fingerprints
 from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
 
@@ -54,14 +55,18 @@ class StageContext:
 
 
 def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
-                      inputs: Mapping[str, Artifact], code: str) -> str:
-    """sha256 over the declared config, the input fingerprints and the code fingerprint.
+                      inputs: Mapping[str, Artifact], code: str,
+                      external: Mapping[str, Mapping] | None = None) -> str:
+    """sha256 over the declared config, the input and code fingerprints and the outside inputs.
 
     Args:
       spec: the stage.
       config: the resolved config; only what `spec.config_sections` declares counts.
       inputs: the stage's input artifacts (resolver inputs included).
       code: `pipeline.imports.code_fingerprint` of the stage's module.
+      external: `pipeline.input_fingerprints.stage_records` of the stage: the
+        content of the files and folders its config keys name. None or empty
+        adds nothing (the fingerprint without them, the "base").
     Returns:
       64 hex digits.
     """
@@ -71,6 +76,9 @@ def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
         "inputs": {k: v.fingerprint for k, v in sorted(inputs.items())},
         "code": code,
     }
+    if external:
+        payload["external"] = {k: input_fingerprints.content_key(v)
+                               for k, v in sorted(external.items())}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str)
                           .encode()).hexdigest()
 
@@ -258,17 +266,29 @@ class Runner:
                     found = resolve_latest(store, resolver, inputs)
                     if found is not None:
                         inputs[in_name] = found
-                fp = stage_fingerprint(spec, self.config, inputs,
-                                       code_fingerprint(spec.module, root=self.code_root))
+                code = code_fingerprint(spec.module, root=self.code_root)
+                base = stage_fingerprint(spec, self.config, inputs, code)
+                # What the config's paths hold now; a change re-runs the stage.
+                external = input_fingerprints.stage_records(spec.config_sections, self.config)
+                fp = stage_fingerprint(spec, self.config, inputs, code, external)
+                changes = (input_fingerprints.changes_since(store, spec.name, base, external)
+                           if external else [])
+                reason = input_fingerprints.changes_line(changes)
                 if spec.name in selected:
-                    result = self._run_stage(store, spec, inputs, fp)
+                    result = self._run_stage(store, spec, inputs, fp, reason)
                 else:
                     result = self._resolve_cached(store, spec, fp)
                     if result is None:
                         raise StageError(
-                            f"{spec.name} has no outputs for the current config; "
+                            f"{spec.name} has no outputs for the current config"
+                            + (f" ({reason})" if reason else "") + "; "
                             f"add it to --stages (it feeds {', '.join(sorted(set(selected)))})")
                     result["status"] = "cached"
+                if result["status"] == "ran" and external:
+                    store.set_external_inputs(result["execution_id"],
+                                              {"base": base, "inputs": external})
+                    if changes:
+                        result["changed_inputs"] = changes
                 produced[spec.name] = result.pop("artifacts")
                 if spec.name in selected:
                     summary["stages"][spec.name] = result
@@ -324,7 +344,7 @@ class Runner:
                 "counts": counts, "artifacts": dict(arts)}
 
     def _run_stage(self, store: MetadataStore, spec: dag.StageSpec,
-                   inputs: Mapping[str, Artifact], fp: str) -> dict:
+                   inputs: Mapping[str, Artifact], fp: str, reason: str = "") -> dict:
         if self.use_cache:
             cached = self._resolve_cached(store, spec, fp)
             if cached is not None:
@@ -332,6 +352,8 @@ class Runner:
                 self.log(f"[{spec.name}] cached (execution {cached['execution_id']})")
                 cached["status"] = "cached"
                 return cached
+        if reason:  # which outside input changed
+            self.log(f"[{spec.name}] {reason}: running")
         resolved = config_lib.to_dict(self.config)
         execution_id = store.begin_execution(spec.name, fp, resolved)
         for in_name, art in inputs.items():
