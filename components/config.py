@@ -146,6 +146,27 @@ class TrainConfig:
     scst_require_converged: bool = True  # scst: refuse to start from a model whose val_loss still fell >= 1% in its last epoch
 
 
+def _default_change_thresholds() -> dict[str, dict[str, float]]:
+    """The default `eval.change_thresholds`.
+
+    The caption metrics get relative bounds because their scales differ by
+    data set and metric (CIDEr near 7 on the shapes and near 1 on COCO,
+    BLEU-4 well below BLEU-1), so one fraction reads the same everywhere. The
+    accuracies and grounding rates are fractions of images or phrases, on the
+    same 0-1 scale for every source, so they get absolute bounds in points.
+    Sampling noise is the bootstrap interval's job, so a bound is the size of
+    drop worth blocking a push for: 5% of a caption metric, 3 points of an
+    accuracy.
+
+    Returns:
+      metric -> {"relative" or "absolute": bound}, a new dict on each call.
+    """
+    caption = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+    rates = ("attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
+    return {**{m: {"relative": -0.05} for m in caption},
+            **{m: {"absolute": -0.03} for m in rates}}
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluator: decoding, metrics, figures and blessing thresholds."""
@@ -156,7 +177,7 @@ class EvalConfig:
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
     thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})  # metric -> minimum for blessing (JSON)
-    max_regression: float = 0.05       # allowed drop below the last pushed model's metrics
+    change_thresholds: Mapping[str, Mapping[str, float]] = field(default_factory=_default_change_thresholds)  # metric -> {"absolute" and/or "relative": least allowed change from the last pushed model, negative = a drop}; blocks only if worse beyond it with 95% confidence (JSON)
 
 
 @dataclass(frozen=True)
@@ -332,6 +353,15 @@ def validate(config: PipelineConfig) -> PipelineConfig:
             raise ConfigError(f"eval.thresholds: {metric} is computed only for "
                               f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
                               f"boxes), not {data.source!r}")
+    changes = change_thresholds(ev.change_thresholds, "eval.change_thresholds")
+    defaults = _default_change_thresholds()
+    for metric, bounds in changes.items():
+        # The defaults name every metric; only a bound someone set is a mistake on unboxed data.
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES \
+                and bounds != defaults.get(metric):
+            raise ConfigError(f"eval.change_thresholds: {metric} is computed only for "
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
     tcfg = config.train
     if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
         raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
@@ -444,6 +474,47 @@ def check_paths(config: PipelineConfig, stages: Sequence[str] | None = None) -> 
             raise ConfigError(f"{key}={path!r}: expected {what}{found}")
 
 
+CHANGE_BOUNDS = ("absolute", "relative")
+
+
+def change_thresholds(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """Checks an `eval.change_thresholds` mapping and returns it as plain dicts of floats.
+
+    Args:
+      value: metric -> {"absolute" and/or "relative": number}.
+      where: the key, for messages.
+    Returns:
+      The same mapping, bounds as floats.
+    Raises:
+      ConfigError: not a mapping of mappings, an unknown metric or bound
+        kind, no bound, or a bound that is not a finite number.
+    """
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object of metric -> "
+                          f'{{"absolute"|"relative": number}}, got {value!r}')
+    out = {}
+    for metric, bounds in value.items():
+        if metric in REPORTED_METRICS or metric not in EVAL_METRICS:
+            why = (f"{metric} is reported, never compared (lower is better)"
+                   if metric in REPORTED_METRICS else f"no metric {metric!r}")
+            raise ConfigError(f"{where}: {why}; change thresholds may name: "
+                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
+        if not isinstance(bounds, Mapping) or not bounds:
+            raise ConfigError(f'{where}: {metric} needs {{"absolute": number}} and/or '
+                              f'{{"relative": number}}, got {bounds!r}')
+        out[metric] = {}
+        for kind, bound in bounds.items():
+            if kind not in CHANGE_BOUNDS:
+                raise ConfigError(f"{where}: {metric}: unknown bound {kind!r}; bounds: "
+                                  f"{', '.join(CHANGE_BOUNDS)}{did_you_mean(kind, CHANGE_BOUNDS)}")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                    or bound != bound or abs(bound) == float("inf"):
+                raise ConfigError(f"{where}: {metric}.{kind} must be a finite number "
+                                  f"(e.g. -0.05), got {bound!r}")
+            out[metric][kind] = float(bound)
+    return out
+
+
 def _coerce(value: str, typ: Any, where: str) -> Any:
     """Parses a command-line string into the field's declared type."""
     origin = typing.get_origin(typ)
@@ -473,6 +544,9 @@ def _coerce(value: str, typ: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a JSON object, got {value!r} ({e})") from None
         if not isinstance(parsed, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {value!r}")
+        args = typing.get_args(typ)
+        if args and typing.get_origin(args[-1]) in (collections.abc.Mapping, dict):
+            return change_thresholds(parsed, where)  # the only nested mapping
         return {str(k): float(v) for k, v in parsed.items()}
     raise ConfigError(f"{where}: unsupported field type {typ!r}")
 

@@ -40,6 +40,7 @@ def coco_metrics(predictions: Mapping[Hashable, str],
                  references: Mapping[Hashable, Sequence[str]],
                  *, use_java: bool | None = None,
                  per_image: bool = False,
+                 details: bool = False,
                  progress: Callable[[str], None] | None = None) -> dict:
     """Scores generated captions against references with the coco-caption toolkit.
 
@@ -50,13 +51,22 @@ def coco_metrics(predictions: Mapping[Hashable, str],
       use_java: None = use Java if `java` is on the PATH; False = the pure
         Python fallback (simple tokenization, no METEOR).
       per_image: also return ``per_image``: id -> {metric: score}.
+      details: also return what the corpus scores are computed from, so
+        that they can be recomputed on resampled images without the
+        toolkit (`components/metrics/bootstrap.py`): ``tokenized``: id ->
+        ``{"caption": str, "references": [str]}``, the captions as the
+        scorers saw them (space-separated tokens); ``meteor_stats``: id ->
+        the METEOR jar's statistics line for the image, or None when
+        METEOR was not computed.
       progress: called with each scoring step's name before it runs
         (`SCORING_STEPS`; METEOR and the tokenizer only with Java).
     Returns:
       ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE": float or
       None, "num_images": int, "tokenizer": "ptb" | "simple", "notes": [str]}``
-      (+ ``per_image``). BLEU is corpus-level (the toolkit's "closest"
-      reference length), the others are means over images.
+      (+ ``per_image``; + ``tokenized`` and ``meteor_stats``). BLEU is
+      corpus-level (the toolkit's "closest" reference length), METEOR is the
+      jar's corpus score (from the images' summed statistics), the others
+      are means over images.
     Raises:
       ValueError: no predictions, or a prediction without references.
     """
@@ -93,6 +103,7 @@ def coco_metrics(predictions: Mapping[Hashable, str],
 
     out: dict = {k: None for k in METRIC_KEYS}
     scores: dict[str, list[float]] = {}
+    meteor_stats = None
     step("Bleu")
     bleu, bleu_each = Bleu(4).compute_score(gts, res, verbose=0)
     for n in range(4):
@@ -107,7 +118,7 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     if use_java:
         step("METEOR")
         try:
-            meteor, meteor_each = _meteor(gts, res)
+            meteor, meteor_each, meteor_stats = _meteor(gts, res)
             out["METEOR"], scores["METEOR"] = meteor, meteor_each
         except Exception as e:  # noqa: BLE001 - METEOR is optional, never fatal
             _warn(notes, f"METEOR failed ({type(e).__name__}: {e}); METEOR is None.")
@@ -116,6 +127,9 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     out.update(num_images=len(ids), tokenizer=tokenizer, notes=notes)
     if per_image:
         out["per_image"] = {i: {k: v[j] for k, v in scores.items()} for j, i in enumerate(ids)}
+    if details:
+        out["tokenized"] = {i: {"caption": res[i][0], "references": list(gts[i])} for i in ids}
+        out["meteor_stats"] = meteor_stats
     return out
 
 
@@ -168,11 +182,22 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
     return tokenized
 
 
-def _meteor(gts, res) -> tuple[float, list[float]]:
-    """The toolkit's METEOR 1.5, with its Java process always shut down."""
+def _meteor(gts, res) -> tuple[float, list[float], dict]:
+    """The toolkit's METEOR 1.5, with its Java process always shut down.
+
+    Returns:
+      (corpus score, per-image scores, id -> the image's statistics line).
+    """
     from pycocoevalcap.meteor.meteor import Meteor
 
     meteor = Meteor()
+    lines: list[str] = []
+    stat = meteor._stat
+
+    def keep(hypothesis, references):  # compute_score asks one line per image, in gts order
+        lines.append(stat(hypothesis, references))
+        return lines[-1]
+    meteor._stat = keep
     try:
         score, each = meteor.compute_score(gts, res)
     finally:
@@ -182,4 +207,4 @@ def _meteor(gts, res) -> tuple[float, list[float]]:
                 stream.close()
         proc.kill()
         proc.wait()
-    return float(score), [float(s) for s in each]
+    return float(score), [float(s) for s in each], dict(zip(gts, lines))

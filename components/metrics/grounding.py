@@ -60,42 +60,70 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
       ``num_sized_phrases``, ``num_size_correct``, ``num_relation_images``,
       ``num_relation_correct``.
     """
+    counts = grounding_counts(captions, attentions, objects, widen_cells)
+    return _with_rates(dict(zip(COUNT_KEYS, (int(c) for c in counts.sum(axis=0)))),
+                       len(captions))
+
+
+def grounding_counts(captions: Sequence[Sequence[str] | str],
+                     attentions: Sequence[np.ndarray],
+                     objects: Sequence[Sequence[Mapping]],
+                     widen_cells: float = 1.0) -> np.ndarray:
+    """The counts of `grounding_metrics`, one row per image.
+
+    The paired bootstrap (`components/metrics/bootstrap.py`) resamples
+    images, so it needs each image's counts rather than their total.
+
+    Args:
+      captions, attentions, objects, widen_cells: as for `grounding_metrics`.
+    Returns:
+      int64 ``(num_images, len(COUNT_KEYS))``, columns in `COUNT_KEYS` order;
+      the column sums are `grounding_metrics`' counts.
+    """
     if not len(captions) == len(attentions) == len(objects):
         raise ValueError(f"captions, attentions and objects differ in length: "
                          f"{len(captions)}, {len(attentions)}, {len(objects)}")
+    rows = np.zeros((len(captions), len(COUNT_KEYS)), np.int64)
+    for i, (words, attention, gt) in enumerate(zip(captions, attentions, objects)):
+        counts = _image_counts(words, attention, gt, widen_cells)
+        rows[i] = [counts[k] for k in COUNT_KEYS]
+    return rows
+
+
+def _image_counts(words, attention, gt: Sequence[Mapping], widen_cells: float) -> dict:
+    """`COUNT_KEYS` -> count for one image (see `grounding_metrics`)."""
     counts = dict.fromkeys(COUNT_KEYS, 0)
-    for words, attention, gt in zip(captions, attentions, objects):
-        words = words.split() if isinstance(words, str) else list(words)
-        attention = np.asarray(attention)
-        if attention.ndim != 3:
-            raise ValueError(f"attention must be (T, H, W), got shape {attention.shape}")
-        if attention.shape[0] < len(words):
-            raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
-        parsed = parse_caption(words)
-        by_key: dict[tuple, list] = {}
-        for o in gt:
-            by_key.setdefault((o["color"], o["shape"]), []).append(o)
-        for phrase in parsed.objects:
-            counts["num_phrases"] += 1
-            matched = by_key.get((phrase.color, phrase.shape))
-            if matched is None:
-                continue
-            counts["num_matched_phrases"] += 1
-            steps = range(phrase.start, phrase.end)
-            counts["num_grounded"] += any(_looks_inside(attention[t], o["bbox"], widen_cells)
-                                          for t in steps for o in matched)
-            counts["num_grounded_noun"] += any(
-                _looks_inside(attention[phrase.noun_index], o["bbox"], widen_cells)
-                for o in matched)
-            if phrase.size is not None:
-                counts["num_sized_phrases"] += 1
-                counts["num_size_correct"] += any(phrase.size == o["size"] for o in matched)
-        named = {(p.color, p.shape) for p in parsed.objects}
-        counts["num_attribute_correct"] += named == set(by_key)
-        if len(gt) >= 2:
-            counts["num_relation_images"] += 1
-            counts["num_relation_correct"] += _relation_true(parsed, by_key)
-    return _with_rates(counts, len(captions))
+    words = words.split() if isinstance(words, str) else list(words)
+    attention = np.asarray(attention)
+    if attention.ndim != 3:
+        raise ValueError(f"attention must be (T, H, W), got shape {attention.shape}")
+    if attention.shape[0] < len(words):
+        raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
+    parsed = parse_caption(words)
+    by_key: dict[tuple, list] = {}
+    for o in gt:
+        by_key.setdefault((o["color"], o["shape"]), []).append(o)
+    for phrase in parsed.objects:
+        counts["num_phrases"] += 1
+        matched = by_key.get((phrase.color, phrase.shape))
+        if matched is None:
+            continue
+        counts["num_matched_phrases"] += 1
+        steps = range(phrase.start, phrase.end)
+        counts["num_grounded"] += any(_looks_inside(attention[t], o["bbox"], widen_cells)
+                                      for t in steps for o in matched)
+        counts["num_grounded_noun"] += any(
+            _looks_inside(attention[phrase.noun_index], o["bbox"], widen_cells)
+            for o in matched)
+        if phrase.size is not None:
+            counts["num_sized_phrases"] += 1
+            counts["num_size_correct"] += any(phrase.size == o["size"] for o in matched)
+    named = {(p.color, p.shape) for p in parsed.objects}
+    counts["num_attribute_correct"] += named == set(by_key)
+    if len(gt) >= 2:
+        counts["num_relation_images"] += 1
+        counts["num_relation_correct"] += _relation_true(parsed, by_key)
+    return counts
 
 
 def merge_grounding(parts: Sequence[Mapping]) -> dict:
