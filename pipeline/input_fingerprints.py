@@ -149,7 +149,16 @@ def stage_records(config_sections: Sequence[str], config: PipelineConfig) -> dic
 
 
 def content_key(record: Mapping) -> dict:
-    """What of a record keys the cache: everything but the path (the config has it)."""
+    """What of a record keys the cache: everything but the path.
+
+    The path string is in the declared config already; leaving the resolved
+    path out keeps the cache when only the working folder differs.
+
+    Args:
+      record: a `path_record`.
+    Returns:
+      The record without `path`.
+    """
     return {k: v for k, v in record.items() if k != "path"}
 
 
@@ -217,6 +226,14 @@ def changes_since(store, stage: str, base: str, records: Mapping[str, Mapping]) 
 
 
 def changes_line(changes: Sequence[Mapping]) -> str:
-    """`changes_since` as one log phrase: `data.captions_json changed since execution 1 (...)`."""
+    """`changes_since` as one log phrase.
+
+    Args:
+      changes: `changes_since`'s list.
+    Returns:
+      `data.captions_json changed since execution 1 (size 12345 -> 6000
+      bytes, content differs)`, one such part per key joined by `; `; empty
+      when nothing changed.
+    """
     return "; ".join(f"{c['key']} changed since execution {c['since_execution']} ({c['change']})"
                      for c in changes)
