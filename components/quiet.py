@@ -98,6 +98,10 @@ def install(python_logs: bool = True) -> None:
     warnings.simplefilter("ignore")
     if python_logs:
         logging.getLogger().setLevel(logging.ERROR)
+        # A failing DoFn's exception reaches the stage, and the runner reports
+        # it (in one line where it can say what to do): Beam's own ERROR log of
+        # it, with the record's bytes, would print it a second time.
+        logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
     if "tensorflow" not in sys.modules and not any(
             isinstance(f, _QuietFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietFinder())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 from pipeline import config as config_lib
@@ -73,7 +74,8 @@ def _cmd_run(args) -> int:
     config, label, overrides = _resolve_run_config(args)
     config_lib.check_paths(config, stages)
     from pipeline.runner import Runner
-    runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg)
+    runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg,
+                    verify=args.verify)
     try:
         config_lib.write_root_config(args.root, label, overrides, config)
     except OSError:
@@ -98,10 +100,12 @@ def _cmd_run(args) -> int:
 
 def _cmd_inspect(args) -> int:
     from pipeline.runner import inspect
-    info = inspect(args.root)
+    info = inspect(args.root, verify=args.verify)
+    # With --verify, a damaged artifact makes the exit status 1 (for scripts and CI).
+    status = 1 if info.get("verify", {}).get("damaged") else 0
     if args.json:
         print(json.dumps(info, indent=2, default=str))
-        return 0
+        return status
     print(f"pipeline root: {info['root']}")
     for x in info["executions"]:
         reused = f" (reuses {x['reused_execution']})" if x["reused_execution"] else ""
@@ -111,12 +115,24 @@ def _cmd_inspect(args) -> int:
         for e in x["inputs"]:
             print(f"       <- {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}")
         for e in x["outputs"]:
-            print(f"       -> {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}")
+            check = e.get("verify")
+            shown = "" if check is None else (
+                f"  [DAMAGED: {check['problem']}]" if check["status"] == "damaged"
+                else f"  [{check['status']}]")
+            print(f"       -> {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}"
+                  + shown)
         if x["counts"]:
             print(f"       counts {json.dumps(x['counts'], default=str)}")
         if x["error"]:
             print(f"       error: {x['error'].strip()}")
-    return 0
+    if "verify" in info:
+        v = info["verify"]
+        print(f"verify: {v['ok']} artifacts intact, {v['damaged']} damaged, {v['unchecked']} "
+              "unchecked (published before file lists were recorded)")
+        if v["damaged"]:
+            print(f"  `captioner run --root {shlex.quote(args.root)} --verify` rebuilds the "
+                  "damaged outputs the current config uses")
+    return status
 
 
 def _cmd_config(args) -> int:
@@ -249,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default="",
                    help=f"comma-separated subset of {','.join(dag.STAGE_NAMES)} (default: all)")
     p.add_argument("--no-cache", action="store_true", help="re-run every selected stage")
+    p.add_argument("--verify", action="store_true",
+                   help="before reusing outputs, check their files' checksums (reads them in "
+                        "full; sizes are always checked): a damaged output is rebuilt")
     p.add_argument("--beam-arg", action="append", default=[], metavar="ARG",
                    help="extra Beam pipeline option, e.g. --beam-arg=--runner=FlinkRunner")
     p.set_defaults(func=_cmd_run)
@@ -256,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("inspect", help="show executions, artifacts and lineage")
     p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--verify", action="store_true",
+                   help="check every published artifact's file sizes and checksums; "
+                        "exit status 1 when one is damaged")
     p.set_defaults(func=_cmd_inspect)
 
     p = add("config", help="print a resolved config, or --reference for every key")

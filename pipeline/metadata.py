@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -41,12 +42,22 @@ CREATE INDEX IF NOT EXISTS executions_by_fp ON executions(stage, fingerprint, st
 class MetadataStore:
     """A small ML-Metadata-like store in one SQLite file.
 
+    Artifact URIs are stored relative to the folder holding the database (the
+    pipeline root) and returned resolved against it, so a root that is copied
+    or moved reads its own artifacts. Stores written before that hold absolute
+    URIs, `<former root>/<Stage>/<id>/<name>`: those are read the same way.
+
     Args:
       path: the database file (created if missing).
+      log: called once with a line of text when the store's URIs name a
+        former location of the root.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, log: Callable[[str], None] | None = None):
         self.path = path
+        self.root = os.path.dirname(os.path.abspath(path))
+        self._log = log
+        self._former_roots: set[str] = set()
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -111,11 +122,46 @@ class MetadataStore:
                              "WHERE state='running'", (time.time(),))
         return ids
 
+    def stored_uri(self, uri: str) -> str:
+        """How `uri` is stored: relative to the root when inside it, else absolute."""
+        uri, root = os.path.normpath(os.path.abspath(uri)), os.path.normpath(self.root)
+        if uri.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(uri, root)
+        return uri
+
+    def resolve_uri(self, stored: str) -> str:
+        """The path a stored URI names now (absolute).
+
+        A relative URI is joined to the root. An absolute one inside the
+        root's former location (older stores) keeps its last three parts,
+        `<Stage>/<id>/<name>`, joined to the root; the first such location
+        seen is logged once.
+        """
+        if not os.path.isabs(stored):
+            return os.path.join(self.root, stored)
+        parts = os.path.normpath(stored).split(os.sep)
+        if len(parts) < 5 or not parts[-2].isdigit():
+            return stored  # not an artifact folder of a pipeline root: kept as it is
+        former = os.sep.join(parts[:-3]) or os.sep
+        if former != os.path.normpath(self.root) and former not in self._former_roots:
+            self._former_roots.add(former)
+            if self._log is not None:
+                self._log(f"[runner] {self.path} records artifacts under {former}, this "
+                          f"root's former location: reading them under {self.root}")
+        return os.path.join(self.root, *parts[-3:])
+
+    def _resolved(self, row: sqlite3.Row) -> dict:
+        row = dict(row)
+        if row.get("uri") is not None:
+            row["uri"] = self.resolve_uri(row["uri"])
+        return row
+
     def add_artifact(self, execution_id: int, name: str, type: str, uri: str,
                      fingerprint: str) -> int:
         cur = self._db.execute(
             "INSERT INTO artifacts(execution_id, name, type, uri, fingerprint, created)"
-            " VALUES (?,?,?,?,?,?)", (execution_id, name, type, uri, fingerprint, time.time()))
+            " VALUES (?,?,?,?,?,?)",
+            (execution_id, name, type, self.stored_uri(uri), fingerprint, time.time()))
         artifact_id = int(cur.lastrowid)
         self.add_event(execution_id, artifact_id, "output", name)
         return artifact_id
@@ -125,8 +171,18 @@ class MetadataStore:
                          " VALUES (?,?,?,?)", (execution_id, artifact_id, kind, name))
 
     def artifact_id(self, uri: str) -> int | None:
+        """The newest artifact recorded at `uri` (as it resolves now), or None."""
+        stored = self.stored_uri(uri)
         row = self._db.execute("SELECT id FROM artifacts WHERE uri=? ORDER BY id DESC LIMIT 1",
-                               (uri,)).fetchone()
+                               (stored,)).fetchone()
+        if row is None and not os.path.isabs(stored):
+            # An older store's absolute URI: the same <Stage>/<id>/<name> under any root.
+            tail = os.sep + stored
+            rows = self._db.execute(
+                "SELECT id, uri FROM artifacts WHERE substr(uri, -?) = ? ORDER BY id DESC",
+                (len(tail), tail)).fetchall()
+            row = next((r for r in rows if self.resolve_uri(r["uri"]) == os.path.join(
+                self.root, stored)), None)
         return int(row["id"]) if row else None
 
     def complete_executions(self, stage: str, fingerprint: str) -> list[int]:
@@ -140,7 +196,7 @@ class MetadataStore:
         rows = self._db.execute(
             "SELECT a.* FROM artifacts a JOIN events e ON e.artifact_id = a.id"
             " WHERE e.execution_id=? AND e.kind='output'", (execution_id,)).fetchall()
-        return {r["name"]: dict(r) for r in rows}
+        return {r["name"]: self._resolved(r) for r in rows}
 
     def latest_outputs(self, stage: str, name: str) -> list[dict]:
         """Artifacts named `name` that complete executions of `stage` wrote, newest first."""
@@ -148,7 +204,14 @@ class MetadataStore:
             "SELECT a.* FROM artifacts a JOIN executions x ON x.id = a.execution_id"
             " WHERE x.stage=? AND a.name=? AND x.state='complete' ORDER BY a.id DESC",
             (stage, name)).fetchall()
-        return [dict(r) for r in rows]
+        return [self._resolved(r) for r in rows]
+
+    def artifacts(self) -> list[dict]:
+        """Every artifact of a complete execution, with its producer's stage, newest first."""
+        rows = self._db.execute(
+            "SELECT a.*, x.stage FROM artifacts a JOIN executions x ON x.id = a.execution_id"
+            " WHERE x.state='complete' ORDER BY a.id DESC").fetchall()
+        return [self._resolved(r) for r in rows]
 
     def executions(self) -> list[dict]:
         rows = self._db.execute("SELECT * FROM executions ORDER BY id DESC").fetchall()
@@ -159,7 +222,7 @@ class MetadataStore:
             "SELECT e.kind, e.name, a.id AS artifact_id, a.type, a.uri FROM events e"
             " JOIN artifacts a ON a.id = e.artifact_id WHERE e.execution_id=?"
             " ORDER BY e.kind, e.name", (execution_id,)).fetchall()
-        return [dict(r) for r in rows]
+        return [self._resolved(r) for r in rows]
 
     def lineage(self, artifact_id: int) -> Iterable[dict]:
         """The executions that produced and consumed an artifact."""

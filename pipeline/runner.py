@@ -18,6 +18,7 @@ from components.artifacts import Artifact, ArtifactError, fsync_tree, write_arti
 from pipeline import config as config_lib
 from pipeline import dag
 from pipeline import input_fingerprints
+from pipeline import integrity
 from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
 
@@ -81,19 +82,6 @@ def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
                                for k, v in sorted(external.items())}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str)
                           .encode()).hexdigest()
-
-
-def _outputs_intact(outputs: Mapping[str, dict]) -> bool:
-    """Published folders (and any external paths they name) still exist."""
-    for row in outputs.values():
-        try:
-            art = Artifact.load(row["uri"])
-        except ArtifactError:
-            return False
-        for path in art.properties.get("external_paths", []):
-            if not os.path.exists(path):
-                return False
-    return True
 
 
 def _check_writable(root: str) -> None:
@@ -213,12 +201,16 @@ class Runner:
       stages: the DAG (default: the product's stages).
       code_root: the folder holding the stage modules' packages, whose
         import closures key the cache.
+      verify: before reusing outputs, recompute their files' checksums (else
+        only their sizes are compared).
     """
 
     def __init__(self, config: config_lib.PipelineConfig, root: str, use_cache: bool = True,
                  beam_args: Sequence[str] = (), log=None,
-                 stages: Sequence[dag.StageSpec] = dag.STAGES, code_root: str = PACKAGE_ROOT):
+                 stages: Sequence[dag.StageSpec] = dag.STAGES, code_root: str = PACKAGE_ROOT,
+                 verify: bool = False):
         self.stages = tuple(stages)
+        self.verify = verify
         self.code_root = code_root
         self.specs = {s.name: s for s in self.stages}
         self.config = config
@@ -243,7 +235,7 @@ class Runner:
         # Paths the config names, before anything is recorded (a config error, not a failure).
         config_lib.check_paths(self.config, selected)
         _check_writable(self.root)
-        store = MetadataStore(os.path.join(self.root, "metadata.sqlite"))
+        store = MetadataStore(os.path.join(self.root, "metadata.sqlite"), log=self.log)
         current = None  # the stage being resolved or run
         try:
             abandoned = store.abandon_running()
@@ -278,19 +270,23 @@ class Runner:
                     result = self._run_stage(store, spec, inputs, fp, reason)
                 else:
                     result = self._resolve_cached(store, spec, fp)
-                    if result is None:
+                    if result is not None:
+                        result["status"] = "cached"
+                    elif store.complete_executions(spec.name, fp):
+                        # Published for this config but damaged since: rebuilt, not refused.
+                        result = self._run_stage(store, spec, inputs, fp, reuse=False)
+                    else:
                         raise StageError(
                             f"{spec.name} has no outputs for the current config"
                             + (f" ({reason})" if reason else "") + "; "
                             f"add it to --stages (it feeds {', '.join(sorted(set(selected)))})")
-                    result["status"] = "cached"
                 if result["status"] == "ran" and external:
                     store.set_external_inputs(result["execution_id"],
                                               {"base": base, "inputs": external})
                     if changes:
                         result["changed_inputs"] = changes
                 produced[spec.name] = result.pop("artifacts")
-                if spec.name in selected:
+                if spec.name in selected or result["status"] == "ran":
                     summary["stages"][spec.name] = result
                     summary.update(summarize(spec, produced[spec.name]))
             current = None
@@ -327,12 +323,21 @@ class Runner:
                     shutil.rmtree(os.path.join(stage_dir, entry), ignore_errors=True)
 
     def _resolve_cached(self, store: MetadataStore, spec: dag.StageSpec, fp: str) -> dict | None:
+        """The newest intact outputs of an execution of `spec` with fingerprint `fp`, or None.
+
+        Outputs that fail a check are logged (which file, which check) and skipped.
+        """
         for execution_id in store.complete_executions(spec.name, fp):
             outputs = store.outputs(execution_id)
-            if set(outputs) == set(spec.outputs) and _outputs_intact(outputs):
-                arts = {name: Artifact.load(row["uri"], spec.outputs[name])
-                        for name, row in outputs.items()}
-                return self._result(execution_id, arts)
+            if set(outputs) != set(spec.outputs):
+                continue
+            problem = integrity.outputs_problem(outputs, checksums=self.verify)
+            if problem is not None:
+                self.log(f"[{spec.name}] not reusing execution {execution_id}: {problem}")
+                continue
+            arts = {name: Artifact.load(row["uri"], spec.outputs[name])
+                    for name, row in outputs.items()}
+            return self._result(execution_id, arts)
         return None
 
     def _result(self, execution_id: int, arts: Mapping[str, Artifact]) -> dict:
@@ -344,8 +349,9 @@ class Runner:
                 "counts": counts, "artifacts": dict(arts)}
 
     def _run_stage(self, store: MetadataStore, spec: dag.StageSpec,
-                   inputs: Mapping[str, Artifact], fp: str, reason: str = "") -> dict:
-        if self.use_cache:
+                   inputs: Mapping[str, Artifact], fp: str, reason: str = "",
+                   reuse: bool = True) -> dict:
+        if self.use_cache and reuse:
             cached = self._resolve_cached(store, spec, fp)
             if cached is not None:
                 store.record_cached(spec.name, fp, cached["execution_id"])
@@ -379,11 +385,14 @@ class Runner:
             results = module.run(ctx) or {}
             for name, typ in spec.outputs.items():
                 res = results.get(name, {})
+                # Paths inside the root are recorded relative to it, and every
+                # file with its size and checksum: a cache hit checks them.
                 write_artifact_json(
                     outputs[name], type=typ, producer=spec.name, execution_id=execution_id,
                     fingerprint=f"{fp}:{name}:{execution_id}",
                     inputs={k: v.uri for k, v in inputs.items()}, config=resolved,
-                    counts=res.get("counts", {}), properties=res.get("properties", {}))
+                    counts=res.get("counts", {}), properties=res.get("properties", {}),
+                    files=integrity.file_list(outputs[name]), root=self.root)
             fsync_tree(tmp_dir)
             os.replace(tmp_dir, final_dir)  # the atomic publish
         except BaseException as e:
@@ -396,6 +405,11 @@ class Runner:
             except sqlite3.Error as db_error:  # the original error matters more
                 self.log(f"[runner] could not record execution {execution_id} as failed: "
                          f"{db_error}")
+            read = integrity.damaged_read(e) if isinstance(e, Exception) else None
+            message = read and integrity.damaged_read_message(
+                spec.name, inputs, read, self.root, self.stages, work_dir)
+            if message:
+                raise StageError(message) from e
             raise
         arts = {}
         for name, typ in spec.outputs.items():
@@ -418,13 +432,23 @@ class Runner:
         os.replace(tmp, path)
 
 
-def inspect(root: str) -> dict:
-    """Executions (newest first) with their input/output artifacts."""
+def inspect(root: str, verify: bool = False) -> dict:
+    """Executions (newest first) with their input/output artifacts.
+
+    Args:
+      root: the pipeline root.
+      verify: check every published artifact's file sizes and checksums.
+    Returns:
+      {"root", "executions": [...]}, artifact paths as they resolve now; with
+      `verify`, each output gets a `verify` entry ({"status": ok | damaged |
+      unchecked, "problem"}) and `verify` counts them ({"ok": n, ...}).
+    """
     db = os.path.join(root, "metadata.sqlite")
     if not os.path.exists(db):
         raise StageError(f"no metadata store at {db}: run `captioner run --root {root}` first")
     store = MetadataStore(db)
     try:
+        checked = integrity.verify_artifacts(store.artifacts()) if verify else {}
         executions = []
         for x in store.executions():
             events = store.events(x["id"])
@@ -439,6 +463,9 @@ def inspect(root: str) -> dict:
                 "outputs": [e for e in events if e["kind"] == "output"],
                 "error": x["error"],
             })
-        return {"root": os.path.abspath(root), "executions": executions}
+        info = {"root": os.path.abspath(root), "executions": executions}
+        if verify:
+            integrity.add_verification(info, checked)
+        return info
     finally:
         store.close()

@@ -37,9 +37,7 @@ def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
     for key in ("Bleu_1", "Bleu_4", "ROUGE_L", "CIDEr", "grounding", "attribute_accuracy"):
         assert key in summary["metrics"]
     assert summary["blessed"] is True
-    pushed = summary["stages"]["Pusher"]["outputs"]["pushed_model"]
-    with open(os.path.join(pushed, "artifact.json")) as f:
-        props = json.load(f)["properties"]
+    props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
     assert os.path.exists(os.path.join(props["path"], "saved_model.pb"))
     assert os.path.exists(os.path.join(props["path"], "assets.extra",
                                        "tf_serving_warmup_requests"))
@@ -52,9 +50,7 @@ def test_serve_and_caption_through_the_client(tiny_run):
     from components.evaluator import read_images
     from serving.client import CaptionClient
     from serving.server import ModelServer
-    pushed = summary["stages"]["Pusher"]["outputs"]["pushed_model"]
-    with open(os.path.join(pushed, "artifact.json")) as f:
-        props = json.load(f)["properties"]
+    props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
     vocab_dir = summary["stages"]["Preprocess"]["outputs"]["vocabulary"]
     with open(os.path.join(vocab_dir, "vocab.txt")) as f:
         vocab = set(f.read().split())
@@ -115,8 +111,9 @@ def test_attention_signal_analysis_runs_on_a_pipeline_root(tiny_run):
 
 
 def _properties(uri):
-    with open(os.path.join(uri, "artifact.json")) as f:
-        return json.load(f)["properties"]
+    """An artifact's properties, paths resolved against the root it lies in."""
+    from components.artifacts import Artifact
+    return dict(Artifact.load(uri).properties)
 
 
 def _captions(evaluation_uri):
