@@ -68,7 +68,7 @@ def main(argv=None) -> dict:
 
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
     from components import schema
-    from components.evaluator import read_annotations
+    from components.split_readers import read_annotations
     from components.sources.shapes_grammar import parse_caption
     from models import text as text_lib
 

@@ -69,7 +69,7 @@ class EncoderConfig:
     val_images: int = 5000             # EncoderTrainer: val images scored for mAP, at most
     patience: int = 3                  # epochs without val mAP improvement
     min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
-    mixed_precision: str = "auto"      # EncoderTrainer: auto (bf16 if native) | float32 | mixed_bfloat16
+    mixed_precision: str = "auto"      # EncoderTrainer: auto (bf16 if native) | float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class TrainConfig:
     cache: str = "auto"                # auto | true | false: keep parsed records in memory
     cache_budget_mb: int = 1024        # train.cache=auto caches only a split estimated to fit this
     bucket_by_length: bool = False     # batch captions of similar length together
-    mixed_precision: str = "auto"      # auto: bf16 if native | float32 | mixed_float16 | mixed_bfloat16
+    mixed_precision: str = "auto"      # auto (bf16 if native) | float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
     jit_compile: bool = False          # XLA-compile the train step
     seed: int = 0                      # model init, shuffling and caption sampling
     log_every: int = 20                # steps between TensorBoard scalar summaries
@@ -173,7 +173,7 @@ class EvalConfig:
     beam_size: int = 3                 # 1 = greedy; the Pusher exports the same
     max_length: int = 30               # longest caption, in words; the Pusher exports the same
     length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Pusher exports the same
-    batch_size: int = 128              # images decoded and scored per batch (one batch of grids in memory at a time)
+    batch_size: int = 1                # images per serving_default call (1 = as a single-image request is served, bit for bit)
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
     thresholds: Mapping[str, float] = field(default_factory=lambda: {"Bleu_4": 0.0})  # metric -> minimum for blessing (JSON)

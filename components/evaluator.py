@@ -1,167 +1,165 @@
-"""Evaluator: captions the test split, scores it, draws attention figures, blesses or not.
+"""Evaluator: captions the test images through the exported SavedModel, scores them, blesses or not.
+
+What is scored is what is served: the Exporter's SavedModel, called through
+its `serving_default` signature on the test split's image bytes, exactly as
+TF Serving (or `captioner serve`) calls it for a client's request. By
+default each image is its own call (`eval.batch_size=1`), so a single-image
+request to the pushed version returns the caption recorded here, bit for bit.
 
 Metrics come from the coco-caption toolkit (`Bleu_1`..`Bleu_4`, `METEOR`,
 `ROUGE_L`, `CIDEr`, comparable with the paper's Table 1); where the examples
 carry object boxes (the synthetic data) also `grounding`, `grounding_noun`,
 `attribute_accuracy` and `relation_accuracy`. Every run also reports the
-end-of-caption check (`REPORTED_METRICS`: how many captions stop on a function
-word, as in "a man riding a horse with a"; `components/metrics/endings.py`),
-where lower is better and which the Blessing does not look at. The Blessing
-passes when every threshold in `eval.thresholds` is met and no metric falls
-more than `eval.max_regression` below the last pushed model's (the runner
-resolves that model's Evaluation as the `baseline` input).
+end-of-caption check (`REPORTED_METRICS`), where lower is better and which
+the Blessing does not look at.
 
-The test split streams: it is decoded and scored `eval.batch_size` images at
-a time, and only the captions (with scores and references), the grounding
-counts and the attention maps of the few images drawn outlive a batch. The
-Evaluation records the decoding it measured (`decoding`), which the Pusher
-exports.
+The baseline is the last pushed model (the runner resolves its ServingModel
+as the `baseline` input). It is captioned on the same images in the same
+run, with the same decoding (re-exported when its export decoded otherwise)
+and scored by the same toolkit pass settings; a paired bootstrap over the
+test images gives each metric's difference with a 95% interval, and a
+metric blocks the push only when the candidate is worse beyond its
+`eval.change_thresholds` entry with that confidence. `eval.thresholds` are
+absolute minima on the candidate. A model that failed infra validation is
+neither scored nor blessed.
 """
 from __future__ import annotations
 
 import heapq
 import io
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
 from components import io_utils, schema
-from components.metrics.coco import SCORING_STEPS, coco_metrics
+from components.export_model import decoding_settings, export
+from components.metrics.blessing import blessing_decision, format_rows
+from components.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
+from components.metrics.coco import SCORING_STEPS
 from components.metrics.endings import ending_metrics
 from components.metrics.grounding import grounding_metrics, merge_grounding
-from models.text import decode_words
+from components.split_readers import iter_example_batches, read_images
 
-# Metrics where larger is better and that the blessing compares.
-BLESSING_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr",
-                    "attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
+LOG = "[Evaluator]"
+# The paired bootstrap's settings, recorded with the comparison.
+BOOTSTRAP = {"resamples": 1000, "seed": 0, "confidence": 0.95}
 # Diagnostics reported next to them, where lower is better: never thresholds, never
 # compared with the pushed model's.
 REPORTED_METRICS = ("dangling_ending_rate", "dangling_endings", "empty_captions")
 
 
-def iter_annotation_batches(uri: str, split: str, batch_size: int,
-                            max_examples: int = 0) -> Iterator[dict]:
-    """The records of one Annotations split, a batch at a time, in file order.
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
-    Only one batch of grids is in memory at a time (as float32 for the decoder).
+
+class ServedFunction:
+    """A SavedModel folder's `serving_default`, called as the model server calls it.
 
     Args:
-      uri: the Annotations artifact folder.
-      split: `train`, `val` or `test`.
-      batch_size: records per batch (the last batch may be smaller).
-      max_examples: stop after this many records (0 = all).
-    Yields:
-      Dicts with `ids`, `annotations` (float32 `(batch, L, D)`), `references`
-      (per image, the reference texts), `objects` and `grid_shape` (`[H, W, D]`).
+      path: the SavedModel folder.
     """
-    batch = {"ids": [], "annotations": [], "references": [], "objects": []}
-    grid_shape, seen = None, 0
 
-    def flush():
-        out = {**batch, "annotations": np.stack(batch["annotations"]).astype(np.float32),
-               "grid_shape": grid_shape}
-        for key in batch:
-            batch[key] = []
-        return out
+    def __init__(self, path: str):
+        import tensorflow as tf
+        self._tf = tf
+        self.path = path
+        self.module = tf.saved_model.load(path)
+        self.function = self.module.signatures["serving_default"]
 
-    for serialized in io_utils.read_records(schema.split_files(uri, split)):
-        record = schema.decode_annotations(serialized)
-        grid_shape = grid_shape or record.grid_shape
-        batch["ids"].append(record.image_id)
-        batch["annotations"].append(record.grid)
-        batch["references"].append(record.texts)
-        batch["objects"].append(record.objects)
-        seen += 1
-        if len(batch["ids"]) >= batch_size:
-            yield flush()
-        if max_examples and seen >= max_examples:
-            break
-    if batch["ids"]:
-        yield flush()
+    def __call__(self, images: list) -> dict:
+        """`image_bytes` in, every output as a NumPy array (batch first)."""
+        tf = self._tf
+        tensor = tf.convert_to_tensor(np.array(images, dtype=object), dtype=tf.string)
+        return {k: v.numpy() for k, v in self.function(image_bytes=tensor).items()}
 
 
-def read_annotations(uri: str, split: str, max_examples: int = 0) -> dict:
-    """Every record of one Annotations split, stacked and ordered by image id (for analyses).
+class CaptionedSplit:
+    """One model's captions of the test images, and what scoring them needs.
 
-    The Evaluator streams with `iter_annotation_batches` instead; this holds
-    the whole split in memory.
+    Attributes:
+      rows: per image, in reading order: `image_id`, `caption`, `score`, `references`.
+      grounding: image id -> `grounding_metrics` of that image (only images with boxes).
+      failed: image id -> why `serving_default` refused it (its caption is empty).
+      seconds: time spent in `serving_default`.
     """
-    parts = list(iter_annotation_batches(uri, split, 1024, max_examples))
-    ids = [i for p in parts for i in p["ids"]]
-    order = np.argsort(ids, kind="stable")  # shards interleave: make the order stable
-    pick = lambda key: [x for p in parts for x in p[key]]  # noqa: E731
-    grids = np.concatenate([p["annotations"] for p in parts]) if parts else None
-    return {"ids": [ids[i] for i in order],
-            "annotations": grids[order] if parts else None,
-            "references": [pick("references")[i] for i in order],
-            "objects": [pick("objects")[i] for i in order],
-            "grid_shape": parts[0]["grid_shape"] if parts else None}
+
+    def __init__(self, served: ServedFunction, request_size: int):
+        self.served = served
+        self.request_size = max(1, int(request_size))
+        self.rows: list[dict] = []
+        self.grounding: dict[str, dict] = {}
+        self.stats = None  # `image_stats`, once scored
+        self.failed: dict[str, str] = {}
+        self.seconds = 0.0
+
+    def caption(self, batch: dict, figures: "FigureKeeper | None" = None) -> None:
+        """Captions one batch of `iter_example_batches`, `request_size` images per call."""
+        n = len(batch["ids"])
+        for start in range(0, n, self.request_size):
+            chunk = range(start, min(n, start + self.request_size))
+            for i, out in zip(chunk, self._call([batch["images"][i] for i in chunk],
+                                                [batch["ids"][i] for i in chunk])):
+                image_id = batch["ids"][i]
+                caption = out["caption"] if out else ""
+                words = caption.split()
+                self.rows.append({"image_id": image_id, "caption": caption,
+                                  "score": out["score"] if out else float("nan"),
+                                  "references": batch["references"][i]})
+                attention = out["attention"] if out else np.zeros((1, 1, 1), np.float32)
+                if batch["objects"][i]:
+                    self.grounding[image_id] = grounding_metrics([words], [attention],
+                                                                 [batch["objects"][i]])
+                if figures is not None and out:
+                    figures.offer(image_id, words, attention, batch["references"][i])
+
+    def _call(self, images: list, ids: list) -> list:
+        """Per image: `caption`, `score`, `attention` `(T, H, W)`; None where refused."""
+        import tensorflow as tf
+        start = time.time()
+        try:
+            out = self.served(images)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
+            self.seconds += time.time() - start
+            if len(images) > 1:  # find the image at fault, serve the others
+                return [x for image, i in zip(images, ids) for x in self._call([image], [i])]
+            self.failed[ids[0]] = e.message.splitlines()[0] if e.message else type(e).__name__
+            return [None]
+        self.seconds += time.time() - start
+        return [{"caption": out["caption"][j].decode("utf-8"), "score": float(out["score"][j]),
+                 "attention": out["attention"][j]} for j in range(len(images))]
+
+    def predictions(self) -> dict:
+        return {r["image_id"]: r["caption"] for r in self.rows}
+
+    def references(self) -> dict:
+        return {r["image_id"]: r["references"] for r in self.rows}
 
 
-def read_images(examples_uri: str, split: str, wanted: set) -> dict:
-    """Encoded image bytes for the wanted ids of one Examples split."""
-    import tensorflow as tf
-    found = {}
-    for record in io_utils.read_records(schema.split_files(examples_uri, split)):
-        image_id, image = schema.example_image(tf.train.Example.FromString(record).features.feature)
-        if image_id in wanted:
-            found[image_id] = image
-            if len(found) == len(wanted):
-                break
-    return found
+def score(split: CaptionedSplit, progress=None) -> dict:
+    """The toolkit's metrics, grounding and the end-of-caption check of one model's captions.
 
-
-def decoding_settings(eval_config) -> dict:
-    """The decoding the Evaluator measures, recorded in the Evaluation for the Pusher to export."""
-    return {"beam_size": int(eval_config.beam_size), "max_length": int(eval_config.max_length),
-            "length_normalization": float(eval_config.length_normalization)}
-
-
-def make_decode(decoder, grid_size: int, depth: int, beam_size: int, max_length: int,
-                length_normalization: float):
-    """A traced-once function: `(batch, L, D)` float32 -> beam search (greedy for beam 1) outputs."""
-    import tensorflow as tf
-    from models.decoding import beam_search, greedy_decode
-    spec = tf.TensorSpec([None, grid_size, depth], tf.float32)
-
-    @tf.function(input_signature=[spec], autograph=False)
-    def decode(batch):
-        if beam_size <= 1:
-            return greedy_decode(decoder, batch, max_length)
-        return beam_search(decoder, batch, beam_size, max_length,
-                           length_normalization=length_normalization)
-    return decode
-
-
-def bless(metrics: dict, thresholds: dict, max_regression: float,
-          baseline_metrics: dict | None) -> tuple[bool, list[str]]:
-    """Checks absolute thresholds and regression against the last pushed model.
+    Keeps each image's share of the corpus scores in `split.stats`, for the
+    paired bootstrap.
 
     Returns:
-      (blessed, reasons): reasons list every failed check (empty when blessed).
+      The metrics dict, with `notes`.
     """
-    reasons = []
-    for key, minimum in sorted(thresholds.items()):
-        value = metrics.get(key)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            reasons.append(f"{key} is not available (threshold {minimum})")
-        elif value < minimum:
-            reasons.append(f"{key} = {value:.4f} is below the threshold {minimum}")
-    for key in BLESSING_METRICS:
-        if not baseline_metrics or baseline_metrics.get(key) is None:
-            continue
-        value, base = metrics.get(key), baseline_metrics[key]
-        if value is not None and value < base - max_regression:
-            reasons.append(f"{key} = {value:.4f} regressed more than {max_regression} "
-                           f"below the pushed model's {base:.4f}")
-    return not reasons, reasons
+    split.stats = image_stats(split.predictions(), split.references(),
+                              grounding=split.grounding or None, progress=progress)
+    metrics = dict(split.stats.metrics)
+    if split.grounding:
+        metrics.update(merge_grounding(list(split.grounding.values())))
+    metrics.update(ending_metrics([r["caption"] for r in split.rows]))
+    metrics["num_test_images"] = len(split.rows)
+    metrics["failed_images"] = len(split.failed)
+    metrics["decode_seconds"] = round(split.seconds, 2)
+    return {k: (float(v) if isinstance(v, (np.floating, float)) else v)
+            for k, v in metrics.items()}
 
 
 class FigureKeeper:
@@ -233,121 +231,186 @@ def write_figures(out_dir: str, examples_uri: str, kept: list[dict]) -> list[dic
     return entries
 
 
-def caption_test_split(decoder, ann_uri: str, vocab: list[str], cfg,
-                       figures: FigureKeeper) -> tuple[list[dict], dict | None, float]:
-    """Decodes and scores the test split one batch at a time.
+def _baseline_saved_model(baseline, decoding: dict, work_dir: str) -> tuple[str, str]:
+    """The baseline's SavedModel decoding with `decoding`, and a note when it had to change.
 
-    Only the captions (with score and references), the grounding counts and
-    the few figures' attention maps outlive a batch.
-
-    Args:
-      decoder: the trained `ShowAttendTell`.
-      ann_uri: the Annotations artifact.
-      vocab: id -> word.
-      cfg: the `eval` config section.
-      figures: collects the figures' attention maps.
-    Returns:
-      (rows by image id: `image_id`, `caption`, `score`, `references`;
-      the merged grounding metrics, or None when no image has boxes;
-      seconds spent decoding).
+    A baseline exported with other decoding settings is exported again from
+    its Model, Encoder and Vocabulary with this run's settings (into the
+    stage's work folder, reused by later attempts), so that both models are
+    measured with the same decoding.
     """
-    rows, grounding_parts, has_boxes, decode, seconds = [], [], False, None, 0.0
-    batches = iter_annotation_batches(ann_uri, "test", cfg.batch_size, cfg.max_examples)
-    for batch in tqdm(batches, desc="Evaluator", unit="batch", file=sys.stderr,
-                      mininterval=1.0):
-        h, w, _ = batch["grid_shape"][:3]
-        if decode is None:
-            decode = make_decode(decoder, *batch["annotations"].shape[1:], **decoding_settings(cfg))
-        start = time.time()
-        out = {k: v.numpy() for k, v in decode(batch["annotations"]).items()}
-        seconds += time.time() - start
-        words = [decode_words(out["tokens"][i][:out["lengths"][i]], vocab)
-                 for i in range(len(batch["ids"]))]
-        attention = out["attention"].reshape(len(words), -1, h, w)  # (batch, T, H, W)
-        for i, image_id in enumerate(batch["ids"]):
-            rows.append({"image_id": image_id, "caption": " ".join(words[i]),
-                         "score": float(out["scores"][i]), "references": batch["references"][i]})
-            figures.offer(image_id, words[i], attention[i], batch["references"][i])
-        has_boxes = has_boxes or any(batch["objects"])
-        grounding_parts.append(grounding_metrics(words, list(attention), batch["objects"]))
-    rows.sort(key=lambda r: r["image_id"])
-    return rows, (merge_grounding(grounding_parts) if has_boxes else None), seconds
+    props = baseline.properties
+    path = baseline.path(props.get("saved_model", schema.SAVED_MODEL_DIR))
+    theirs = props.get("decoding")
+    if theirs == decoding:
+        return path, ""
+    key = json.dumps(decoding, sort_keys=True)
+    import hashlib
+    target = os.path.join(work_dir, f"baseline-{str(props.get('digest', ''))[:12]}-"
+                                    f"{hashlib.sha256(key.encode()).hexdigest()[:8]}")
+    if not os.path.exists(os.path.join(target, "saved_model.pb")):
+        tmp = f"{target}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            export(tmp, props["model_uri"], props["encoder_uri"], props["vocabulary_uri"],
+                   decoding, "baseline", 0, validate_infra=False)
+        except Exception as e:  # noqa: BLE001 - the served baseline is still a baseline
+            shutil.rmtree(tmp, ignore_errors=True)
+            return path, (f"the baseline decoded with its own export's settings {theirs}: "
+                          f"exporting it with {decoding} failed ({type(e).__name__}: {e})")
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    return target, (f"the baseline was exported again with this run's decoding {decoding} "
+                    f"(its pushed export decodes with {theirs})")
+
+
+def _scoring_bar(total_steps: int, label: str):
+    """A progress callback for `coco_metrics` and the bar it drives."""
+    bar = tqdm(total=total_steps, desc=label, unit="step", file=sys.stderr, leave=False)
+    begun: list = []
+
+    def step(name):  # a step begins: the one before it is done
+        if begun:
+            bar.update(1)
+        begun.append(name)
+        bar.set_postfix_str(name)
+    return bar, step
+
+
+def _score_with_bar(split: CaptionedSplit, label: str) -> dict:
+    bar, step = _scoring_bar(len(SCORING_STEPS) - (0 if shutil.which("java") else 2), label)
+    with bar:
+        metrics = score(split, progress=step)
+        bar.update(bar.total - bar.n)
+    return metrics
+
+
+def _write_captions(path: str, split: CaptionedSplit) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in sorted(split.rows, key=lambda r: r["image_id"]):
+            f.write(json.dumps({k: r[k] for k in ("image_id", "caption", "score",
+                                                  "references")}) + "\n")
+
+
+def _public(metrics: dict) -> dict:
+    """The metrics as recorded (the notes are recorded apart)."""
+    return {k: v for k, v in metrics.items() if k != "notes"}
 
 
 def run(ctx) -> dict:
-    """Evaluates the Model on the test split; writes `Evaluation` and `Blessing`."""
-    import keras
-    import models.show_attend_tell  # noqa: F401  (registers the custom classes)
+    """Evaluates the exported SavedModel (and the baseline) on the test images; writes `Evaluation` and `Blessing`."""
     cfg = ctx.config.eval
-    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    model_art, ann_art = ctx.inputs["model"], ctx.inputs["annotations"]
-    vocab = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
-    decoder = keras.saving.load_model(schema.model_file(model_art.uri))
-    figures = FigureKeeper(cfg.num_figures if "examples" in ctx.inputs else 0)
-    rows, grounding, decode_seconds = caption_test_split(decoder, ann_art.uri, vocab, cfg,
-                                                         figures)
-    if not rows:
-        raise RuntimeError("the test split is empty: nothing to evaluate "
-                           "(check data.test_fraction and the Preprocess counts)")
-    predictions = {r["image_id"]: r["caption"] for r in rows}
-    references = {r["image_id"]: r["references"] for r in rows}
-    log(f"[Evaluator] decoded {len(rows)} test images in {decode_seconds:.1f}s "
-        f"(beam {cfg.beam_size}); scoring with the coco-caption toolkit")
-    with tqdm(total=len(SCORING_STEPS) - (0 if shutil.which("java") else 2),
-              desc="Evaluator scoring", unit="step", file=sys.stderr, leave=False) as bar:
-        begun = []
+    serving, examples = ctx.inputs["serving_model"], ctx.inputs["examples"]
+    saved = serving.path(serving.properties.get("saved_model", schema.SAVED_MODEL_DIR))
+    digest = io_utils.tree_digest(saved)
+    if digest != serving.properties.get("digest"):
+        raise RuntimeError(f"{saved} is not the SavedModel the Exporter wrote (digest {digest[:12]}"
+                           f", recorded {str(serving.properties.get('digest'))[:12]}): re-run "
+                           "the Exporter (`captioner run --no-cache --stages Exporter,Evaluator,"
+                           "Pusher`)")
+    decoding = dict(serving.properties.get("decoding") or decoding_settings(cfg))
+    infra = dict(serving.properties.get("infra_validation") or {})
+    common = {"export_digest": digest, "serving_model_uri": serving.uri,
+              "model_uri": serving.properties.get("model_uri"), "decoding": decoding}
+    if not infra.get("ok", False):
+        return _not_servable(ctx, infra, common)
 
-        def step(name):  # a step begins: the one before it is done
-            if begun:
-                bar.update(1)
-            begun.append(name)
-            bar.set_postfix_str(name)
-        metrics = coco_metrics(predictions, references, progress=step)
-        bar.update(bar.total - bar.n)
-    notes = metrics.pop("notes", [])
-    if grounding is not None:
-        metrics.update(grounding)
-    metrics.update(ending_metrics(list(predictions.values())))
-    metrics = {k: (float(v) if isinstance(v, (np.floating, float)) else v)
-               for k, v in metrics.items()}
-    metrics["num_test_images"] = len(rows)
-    metrics["decode_seconds"] = round(decode_seconds, 2)
+    baseline = ctx.inputs.get("baseline")  # the last pushed model's ServingModel, if any
+    notes: list[str] = []
+    candidate = CaptionedSplit(ServedFunction(saved), cfg.batch_size)
+    reference = None
+    if baseline is not None:
+        path, note = _baseline_saved_model(baseline, decoding, ctx.work_dir)
+        notes += [note] if note else []
+        reference = CaptionedSplit(ServedFunction(path), cfg.batch_size)
+    figures = FigureKeeper(cfg.num_figures)
+    total = examples.counts.get("test")
+    total = min(total, cfg.max_examples) if total and cfg.max_examples else (total or None)
+    with tqdm(total=total, desc="Evaluator", unit="image", file=sys.stderr,
+              mininterval=1.0) as bar:
+        for batch in iter_example_batches(examples.uri, "test", 64, cfg.max_examples):
+            candidate.caption(batch, figures)
+            if reference is not None:
+                reference.caption(batch)
+            bar.update(len(batch["ids"]))
+    if not candidate.rows:
+        raise RuntimeError("the test split is empty: nothing to evaluate "
+                           "(check data.test_fraction and the ExampleGen counts)")
+    for label, split in (("candidate", candidate), ("baseline", reference)):
+        if split is not None and split.failed:
+            first = next(iter(split.failed.items()))
+            notes.append(f"{len(split.failed)} test images refused by the {label}'s "
+                         f"serving_default (captioned as empty), e.g. {first[0]}: {first[1]}")
+    _log(f"{LOG} captioned {len(candidate.rows)} test images through serving_default in "
+         f"{candidate.seconds:.1f}s (beam {decoding['beam_size']}, "
+         f"{candidate.request_size} image(s) per call)"
+         + (f"; the baseline in {reference.seconds:.1f}s" if reference else ""))
+    metrics = _score_with_bar(candidate, "Evaluator scoring")
+    notes = metrics.pop("notes", []) + notes
+    baseline_metrics = _score_with_bar(reference, "Evaluator scoring baseline") \
+        if reference is not None else None
+
+    compared = (paired_bootstrap(candidate.stats, reference.stats, **BOOTSTRAP)
+                if reference is not None else None)
+    blessed, reasons, comparison = blessing_decision(compared, cfg.change_thresholds,
+                                                     cfg.thresholds, metrics)
 
     eval_dir = ctx.outputs["evaluation"]
     with open(os.path.join(eval_dir, "metrics.json"), "w") as f:
-        json.dump({"metrics": metrics, "notes": notes}, f, indent=2)
-    with open(os.path.join(eval_dir, "captions.jsonl"), "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps({k: r[k] for k in ("image_id", "caption", "score",
-                                                  "references")}) + "\n")
-    drawn = []
-    if figures.count:
-        drawn = write_figures(eval_dir, ctx.inputs["examples"].uri, figures.entries())
+        json.dump({"metrics": _public(metrics), "notes": notes,
+                   "baseline_metrics": _public(baseline_metrics) if baseline_metrics else None,
+                   "comparison": comparison}, f, indent=2)
+    _write_captions(os.path.join(eval_dir, "captions.jsonl"), candidate)
+    if reference is not None:
+        _write_captions(os.path.join(eval_dir, "baseline_captions.jsonl"), reference)
+    drawn = write_figures(eval_dir, examples.uri, figures.entries()) if figures.count else []
 
-    baseline = ctx.inputs.get("baseline")  # the last pushed model's Evaluation, if any
-    baseline_metrics = dict(baseline.properties.get("metrics", {})) if baseline else None
-    blessed, reasons = bless(metrics, dict(cfg.thresholds), cfg.max_regression,
-                             baseline_metrics)
-    blessing_dir = ctx.outputs["blessing"]
-    name = "BLESSED" if blessed else "NOT_BLESSED"
-    with open(os.path.join(blessing_dir, name), "w") as f:
-        f.write("all checks passed\n" if blessed else "\n".join(reasons) + "\n")
+    baseline_info = None if baseline is None else {
+        "serving_model_uri": baseline.uri, "digest": baseline.properties.get("digest"),
+        "model_uri": baseline.properties.get("model_uri"),
+        "metrics": _public(baseline_metrics)}
     blessing = {"blessed": blessed, "reasons": reasons, "thresholds": dict(cfg.thresholds),
-                "max_regression": cfg.max_regression,
-                "baseline_model": baseline.properties.get("model_uri") if baseline else None,
-                "baseline_metrics": baseline_metrics, "model_uri": model_art.uri}
-    with open(os.path.join(blessing_dir, "blessing.json"), "w") as f:
-        json.dump(blessing, f, indent=2)
+                "change_thresholds": {k: dict(v) for k, v in cfg.change_thresholds.items()},
+                "comparison": comparison, "bootstrap": BOOTSTRAP if reference else None,
+                "baseline": baseline_info, **common}
+    _write_blessing(ctx.outputs["blessing"], blessing)
     shown = {k: round(metrics[k], 4) if isinstance(metrics[k], float) else metrics[k]
-             for k in BLESSING_METRICS + REPORTED_METRICS
+             for k in METRICS + REPORTED_METRICS
              if isinstance(metrics.get(k), (int, float))}
-    log(f"[Evaluator] {json.dumps(shown)}")
-    log(f"[Evaluator] {name}" + ("" if blessed else ": " + "; ".join(reasons)))
+    _log(f"{LOG} {json.dumps(shown)}")
+    if reference is not None:
+        for line in format_rows(comparison):
+            _log(f"{LOG}   {line}")
+    _log(f"{LOG} " + ("BLESSED" if blessed else "NOT_BLESSED: " + "; ".join(reasons)))
     return {
-        "evaluation": {"counts": {"test_images": len(rows), "figures": len(drawn)},
-                       "properties": {"metrics": metrics, "notes": notes,
-                                      "decoding": decoding_settings(cfg),
-                                      "figures_index": "figures/index.html",
-                                      "model_uri": model_art.uri}},
+        "evaluation": {"counts": {"test_images": len(candidate.rows), "figures": len(drawn)},
+                       "properties": {"metrics": _public(metrics), "notes": notes,
+                                      "baseline": baseline_info, "comparison": comparison,
+                                      "figures_index": "figures/index.html", **common}},
         "blessing": {"properties": blessing},
     }
+
+
+def _write_blessing(blessing_dir: str, blessing: dict) -> None:
+    name = "BLESSED" if blessing["blessed"] else "NOT_BLESSED"
+    with open(os.path.join(blessing_dir, name), "w") as f:
+        f.write("all checks passed\n" if blessing["blessed"]
+                else "\n".join(blessing["reasons"]) + "\n")
+    with open(os.path.join(blessing_dir, "blessing.json"), "w") as f:
+        json.dump(blessing, f, indent=2)
+
+
+def _not_servable(ctx, infra: dict, common: dict) -> dict:
+    """A model TF Serving could not load or run: not scored, not blessed."""
+    reason = (f"infra validation: TF Serving could not serve this model: "
+              f"{infra.get('reason') or 'no validation report'}")
+    blessing = {"blessed": False, "reasons": [reason], "comparison": [], "baseline": None,
+                **common}
+    with open(os.path.join(ctx.outputs["evaluation"], "metrics.json"), "w") as f:
+        json.dump({"metrics": {}, "notes": [reason]}, f, indent=2)
+    _write_blessing(ctx.outputs["blessing"], blessing)
+    _log(f"{LOG} NOT_BLESSED: {reason}")
+    return {"evaluation": {"counts": {"test_images": 0, "figures": 0},
+                           "properties": {"metrics": {}, "notes": [reason], "comparison": [],
+                                          **common}},
+            "blessing": {"properties": blessing}}

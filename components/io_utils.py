@@ -112,3 +112,28 @@ class DeadLetters:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+
+
+def tree_digest(folder: str) -> str:
+    """sha256 over every file under `folder`: relative paths (sorted) and bytes.
+
+    Identifies a SavedModel folder by content, wherever it lies: the
+    Evaluator records the digest of the export it scored, and the Pusher
+    publishes a copy only when the copy's digest is the same.
+
+    Returns:
+      64 hex digits.
+    """
+    import hashlib
+    h = hashlib.sha256()
+    files = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        files += [os.path.join(dirpath, name) for name in filenames]
+    for path in sorted(files, key=lambda p: os.path.relpath(p, folder)):
+        rel = os.path.relpath(path, folder).replace(os.sep, "/")
+        h.update(f"{rel}\0{os.path.getsize(path)}\0".encode())  # sizes keep the stream unambiguous
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

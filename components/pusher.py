@@ -1,40 +1,32 @@
-"""Pusher: exports a blessed model as a new SavedModel version for TensorFlow Serving.
+"""Pusher: publishes the evaluated SavedModel as a new version for TensorFlow Serving.
+
+What is pushed is exactly what was evaluated: the Exporter's SavedModel
+folder, copied byte for byte. The Evaluation records the digest of the
+export it scored (`components.io_utils.tree_digest`); the Pusher refuses a
+SavedModel whose digest differs, and checks the copy's digest before
+publishing it.
 
 The version folder `<serving_dir>/<model_name>/<version>/` is assembled in a
 hidden sibling (`.tmp-*`, which TF Serving and `captioner serve` ignore) and
 published with one atomic rename, so a polling server never sees half a
 model. Old versions beyond `push.keep_versions` are first renamed out of the
 way, then deleted. `models.config` and `batching_parameters.txt` for
-`tensorflow_model_server` are rewritten atomically too.
-
-The exported graph decodes exactly as the Evaluator measured and blessed:
-beam size, maximum length and length normalization come from the
-Evaluation artifact's `decoding` property, not from a second set of keys.
-
-Before a version is published, `serving.infra_validator` checks in a
-separate process that TF Serving could load and run it (session-based
-loader, warmup requests by tensor name, only stock TensorFlow ops, no
-Python callbacks); a version that fails is not published and the Pusher
-reports why. Each version records what it was exported from, and the
-validation report (ops used, TensorFlow version that wrote it), in
-`assets.extra/captioner_push.json`, which TF Serving ignores. When the
-newest version already holds the same model, vocabulary and export settings
-(a Pusher killed after publishing it, before the runner published its
-artifact), a re-run reuses it instead of pushing a duplicate version.
+`tensorflow_model_server` are rewritten atomically too. When the newest
+version already holds the same bytes (a Pusher killed after publishing it,
+before the runner published its artifact), a re-run reuses it instead of
+pushing a duplicate version.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import time
 
-from components import schema
+from components import io_utils, schema
 
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
-PUSH_RECORD = os.path.join("assets.extra", "captioner_push.json")
 
 
 def existing_versions(model_dir: str) -> list[int]:
@@ -105,12 +97,11 @@ def remove_leftovers(model_dir: str) -> None:
             shutil.rmtree(os.path.join(model_dir, entry), ignore_errors=True)
 
 
-def pushed_from(version_dir: str) -> dict | None:
-    """What a version was exported from (its `PUSH_RECORD`), or None."""
+def pushed_digest(version_dir: str) -> str | None:
+    """The `tree_digest` of a published version folder, or None when it cannot be read."""
     try:
-        with open(os.path.join(version_dir, PUSH_RECORD), encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return io_utils.tree_digest(version_dir)
+    except OSError:
         return None
 
 
@@ -128,7 +119,11 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     remove_leftovers(model_dir)
     version = max(existing_versions(model_dir), default=0) + 1
     tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
-    build(tmp)
+    try:
+        build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     from components.artifacts import fsync_tree
     fsync_tree(tmp)
     final = os.path.join(model_dir, str(version))
@@ -143,57 +138,24 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     return version, final
 
 
-def blessed_decoding(evaluation) -> dict:
-    """The decoding settings the Evaluator measured (`beam_size`, `max_length`, `length_normalization`).
-
-    Args:
-      evaluation: the Evaluation artifact.
-    Returns:
-      The settings, as keyword arguments of `serving.export.export_saved_model`.
-    """
-    decoding = evaluation.properties.get("decoding")
-    keys = ("beam_size", "max_length", "length_normalization")
-    if not isinstance(decoding, dict) or set(keys) - set(decoding):
-        raise RuntimeError(f"{evaluation.uri} does not record the decoding settings it "
-                           "measured: re-run the Evaluator (`--stages Evaluator,Pusher`)")
-    return {"beam_size": int(decoding["beam_size"]), "max_length": int(decoding["max_length"]),
-            "length_normalization": float(decoding["length_normalization"])}
+def _copy_exact(source: str, digest: str):
+    """A `publish_version` build step: copies `source` and checks the copy's digest."""
+    def build(tmp: str) -> None:
+        shutil.copytree(source, tmp)
+        copied = io_utils.tree_digest(tmp)
+        if copied != digest:
+            raise PushError(f"the copy of {source} has digest {copied[:12]}, not the evaluated "
+                            f"{digest[:12]} (the disk or another process changed it): nothing "
+                            "pushed; re-run the Pusher")
+    return build
 
 
-def _export(ctx, path: str, record: dict) -> None:
-    """Writes the SavedModel version folder `path` and its `PUSH_RECORD`."""
-    import keras
-    import models.encoder  # noqa: F401  (registers the custom layers)
-    import models.show_attend_tell  # noqa: F401
-    from serving.export import export_saved_model
-    from tqdm import tqdm
-    cfg = ctx.config.push
-    # Three steps of seconds to minutes each: a bar that names the one running.
-    with tqdm(total=3, desc="Pusher", unit="step", file=sys.stderr, leave=False) as bar:
-        bar.set_postfix_str("load")
-        decoder = keras.saving.load_model(schema.model_file(ctx.inputs["model"].uri))
-        encoder = keras.saving.load_model(ctx.inputs["encoder"].path(schema.ENCODER_FILE))
-        vocabulary = schema.read_vocabulary(ctx.inputs["vocabulary"].uri)
-        bar.update(1)
-        bar.set_postfix_str("export SavedModel")
-        export_saved_model(path, encoder, decoder, vocabulary, **record["export"]["decoding"],
-                           model_name=cfg.model_name,
-                           num_warmup_requests=cfg.num_warmup_requests)
-        bar.update(1)
-        bar.set_postfix_str("infra validation")
-        from serving.infra_validator import InfraValidationError, validate
-        report = validate(path)
-        bar.update(1)
-    if not report["ok"]:
-        raise InfraValidationError(report["reason"])
-    record = dict(record, infra_validation=report)
-    os.makedirs(os.path.dirname(os.path.join(path, PUSH_RECORD)), exist_ok=True)
-    with open(os.path.join(path, PUSH_RECORD), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
+class PushError(RuntimeError):
+    """The bytes about to be pushed are not the bytes that were evaluated."""
 
 
 def run(ctx) -> dict:
-    """Pushes the model if the Blessing says so; otherwise pushes nothing and says why."""
+    """Publishes the evaluated SavedModel if the Blessing says so; otherwise pushes nothing and says why."""
     cfg = ctx.config.push
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     blessing = ctx.inputs["blessing"]
@@ -202,46 +164,40 @@ def run(ctx) -> dict:
         log("[Pusher] model NOT blessed, nothing pushed: " + "; ".join(reasons))
         return {"pushed_model": {"counts": {"pushed": 0},
                                  "properties": {"pushed": False, "reasons": reasons}}}
+    serving, evaluation = ctx.inputs["serving_model"], ctx.inputs["evaluation"]
+    source = serving.path(serving.properties.get("saved_model", schema.SAVED_MODEL_DIR))
+    evaluated = evaluation.properties.get("export_digest")
+    digest = io_utils.tree_digest(source)
+    if not evaluated or digest != evaluated:
+        raise PushError(f"the SavedModel {source} (digest {digest[:12]}) is not the one the "
+                        f"Evaluation {evaluation.uri} scored (digest {str(evaluated)[:12]}): "
+                        "nothing pushed; re-run the Exporter, Evaluator and Pusher together")
     serving_dir = os.path.abspath(cfg.serving_dir or os.path.join(ctx.root, "serving"))
     model_dir = os.path.join(serving_dir, cfg.model_name)
-    model_art = ctx.inputs["model"]
-    record = {"model": model_art.fingerprint, "encoder": ctx.inputs["encoder"].fingerprint,
-              "vocabulary": ctx.inputs["vocabulary"].fingerprint,
-              "export": {"decoding": blessed_decoding(ctx.inputs["evaluation"]),
-                         "model_name": cfg.model_name,
-                         "num_warmup_requests": cfg.num_warmup_requests}}
     start = time.time()
     newest = existing_versions(model_dir)[-1:]
-    previous = pushed_from(os.path.join(model_dir, str(newest[0]))) if newest else None
-    if previous is not None and dict(previous, infra_validation=None) == dict(
-            record, infra_validation=None):
+    if newest and pushed_digest(os.path.join(model_dir, str(newest[0]))) == digest:
         version, path = newest[0], os.path.join(model_dir, str(newest[0]))
         remove_leftovers(model_dir)
-        log(f"[Pusher] version {version} already holds this model (pushed by an interrupted "
-            "run): not pushing it again")
+        log(f"[Pusher] version {version} already holds this SavedModel (pushed by an "
+            "interrupted run): not pushing it again")
     else:
-        from serving.infra_validator import InfraValidationError
-        try:
-            version, path = publish_version(model_dir, lambda tmp: _export(ctx, tmp, record),
-                                            cfg.keep_versions)
-        except InfraValidationError as e:
-            remove_leftovers(model_dir)
-            reasons = [f"infra validation: TF Serving could not serve this model: {e}"]
-            log("[Pusher] NOT pushed: " + reasons[0])
-            return {"pushed_model": {"counts": {"pushed": 0},
-                                     "properties": {"pushed": False, "reasons": reasons}}}
+        version, path = publish_version(model_dir, _copy_exact(source, digest),
+                                        cfg.keep_versions)
     names = sorted(e for e in os.listdir(serving_dir)
                    if os.path.isdir(os.path.join(serving_dir, e)) and not e.startswith("."))
     _atomic_write(os.path.join(serving_dir, MODELS_CONFIG), models_config_text(serving_dir, names))
     _atomic_write(os.path.join(serving_dir, BATCHING_PARAMETERS),
                   batching_parameters_text(cfg.max_batch_size, cfg.batch_timeout_micros))
-    log(f"[Pusher] pushed version {version} to {path} in {time.time() - start:.1f}s")
+    log(f"[Pusher] pushed version {version} ({digest[:12]}, the evaluated SavedModel) to "
+        f"{path} in {time.time() - start:.1f}s")
     return {"pushed_model": {
         "counts": {"pushed": 1},
-        "properties": {"pushed": True, "version": version, "path": path,
+        "properties": {"pushed": True, "version": version, "path": path, "digest": digest,
                        "serving_dir": serving_dir, "model_name": cfg.model_name,
-                       "model_uri": model_art.uri,
-                       "evaluation_uri": ctx.inputs["evaluation"].uri,
-                       "decoding": record["export"]["decoding"],
+                       "model_uri": serving.properties.get("model_uri"),
+                       "serving_model_uri": serving.uri,
+                       "evaluation_uri": evaluation.uri,
+                       "decoding": serving.properties.get("decoding"),
                        "models_config": os.path.join(serving_dir, MODELS_CONFIG),
                        "external_paths": [path]}}}

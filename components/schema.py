@@ -42,6 +42,8 @@ MODEL_CONFIG_FILE = "model_config.json"
 HISTORY_FILE = "history.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
+SAVED_MODEL_DIR = "saved_model"      # <serving_model>/saved_model/: the SavedModel evaluated and pushed
+EXPORT_RECORD = os.path.join("assets.extra", "captioner_export.json")  # inside the SavedModel
 
 # ----------------------------------------------------------------------------- record keys
 
@@ -135,7 +137,11 @@ ARTIFACT_LAYOUTS = (
     ArtifactLayout(
         "Encoder", "EncoderTrainer",
         ((ENCODER_FILE, "a Keras model from `uint8`/`float32` images `(batch, S, S, 3)` "
-          "(already resized, values 0..255) to the annotation grid `(batch, H, W, D)`"),),
+          "(already resized, values 0..255) to the annotation grid `(batch, H, W, D)`"),
+         ("words.txt", "trained small CNN only: its target words, one per line"),
+         (LOGS_DIR + "/", "trained small CNN only: TensorBoard scalars per epoch "
+          "(`encoder/loss`, `encoder/val_map`, `encoder/best_val_map`, "
+          "`encoder/learning_rate`, `encoder/epoch_seconds`)")),
         notes=f"`properties`: `image_size`, `{GRID_SHAPE}` `[H, W, D]`, `val_map` (held-out "
               "word-presence mean average precision), `epochs`; `mixed_precision`, "
               "`mixed_precision_requested`, `mixed_precision_reason`: the policy the small "
@@ -176,30 +182,48 @@ ARTIFACT_LAYOUTS = (
               "`mixed_precision_reason`; `objective`, and with `train.objective=scst` a `scst` "
               "record (start model, epochs, best validation CIDEr, samples, baseline)."),
     ArtifactLayout(
+        "ServingModel", "Exporter",
+        ((SAVED_MODEL_DIR + "/", "the TF Serving SavedModel: `serving_default` (image bytes) and "
+          "`caption_annotations` signatures, `assets.extra/tf_serving_warmup_requests`, and "
+          f"`{EXPORT_RECORD}` (the fingerprints of the model, encoder and vocabulary it was "
+          "exported from, the decoding, and the infra validation report; TF Serving ignores "
+          "it)"),),
+        notes="`properties`: `digest` (sha256 over the SavedModel folder's relative paths and "
+              "bytes: the Evaluator records the digest it scored and the Pusher publishes only "
+              "those bytes), `decoding` (`beam_size`, `max_length`, `length_normalization`, "
+              "from `eval.*`), `infra_validation` (`ok`, `reason`, ops used, TensorFlow "
+              "versions), `model_uri`, `encoder_uri`, `vocabulary_uri`, `image_size`, "
+              f"`{GRID_SHAPE}`."),
+    ArtifactLayout(
         "Evaluation", "Evaluator",
         (("metrics.json", "the coco-caption metrics, the end-of-caption check "
                           "(`dangling_endings`, `dangling_ending_rate`, `empty_captions`) and, "
-                          "where boxes exist, grounding"),
-         ("captions.jsonl", "one decoded caption per test image, with its references"),
+                          "where boxes exist, grounding; the baseline's metrics and the "
+                          "comparison rows"),
+         ("captions.jsonl", "one caption per test image, as `serving_default` returned it, "
+                            "with its score and references"),
+         ("baseline_captions.jsonl", "the same for the baseline (when there is one)"),
          ("figures/index.html", "attention figures (PNGs beside it)")),
-        notes="`properties`: the `metrics` and the `decoding` they were measured with "
-              "(`beam_size`, `max_length`, `length_normalization`, from `eval.*`); the Pusher "
-              "exports exactly that decoding. The Blessing compares with the Evaluation of the "
-              "last pushed model, which the runner resolves from the metadata store (see "
+        notes="`properties`: the `metrics`, the `decoding` and `export_digest` of the "
+              "ServingModel they were measured on (the Pusher publishes only that digest), "
+              "`baseline` (its ServingModel, digest and metrics, measured in the same run on "
+              "the same images) and `comparison` (see Blessing). The runner resolves the "
+              "baseline, the last pushed ServingModel, from the metadata store (see "
               "[ARCHITECTURE.md](ARCHITECTURE.md#the-dag-and-its-resolver))."),
     ArtifactLayout(
         "Blessing", "Evaluator",
         (("BLESSED", "present when blessed, else `NOT_BLESSED`; its text gives the reasons"),
-         ("blessing.json", "thresholds, baseline metrics and the verdict"))),
+         ("blessing.json", "the verdict and its reasons, `thresholds`, `change_thresholds`, "
+                           "the `bootstrap` settings and the `comparison` rows: per metric "
+                           "candidate, baseline, difference, relative difference, their 95% "
+                           "intervals, the threshold and the verdict"))),
     ArtifactLayout(
         "PushedModel", "Pusher", (),
-        notes="`<serving_dir>/<model_name>/<version>/`: a SavedModel (+ "
-              "`assets.extra/tf_serving_warmup_requests`, and "
-              "`assets.extra/captioner_push.json`: the fingerprints of the model, encoder and "
-              "vocabulary it was exported from, so that a Pusher re-run after a crash reuses "
-              "the version instead of pushing the same model twice; TF Serving ignores it), "
+        notes="`<serving_dir>/<model_name>/<version>/`: a byte-for-byte copy of the "
+              "ServingModel's SavedModel that the Evaluation scored (same `digest`), "
               "`<serving_dir>/models.config`, `<serving_dir>/batching_parameters.txt`; the "
-              "artifact records the version, path and `decoding` of the exported graph."),
+              "artifact records the version, path, `digest` and `decoding`. A Pusher re-run "
+              "after a crash finds the same digest in the newest version and reuses it."),
 )
 
 # ----------------------------------------------------------------------------- shards

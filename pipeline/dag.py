@@ -59,9 +59,14 @@ class StageSpec:
 
 
 # The last model pushed (blessed, since only blessed models are pushed), as
-# the Evaluation that measured it.
-LATEST_PUSHED_EVALUATION = LatestArtifact("Pusher", "pushed_model", where={"pushed": True},
-                                          follow="evaluation", unless_same="model")
+# the ServingModel the Pusher published: the Evaluator scores it again, on the
+# same test images in the same run, as the blessing's baseline.
+LATEST_PUSHED_SERVING_MODEL = LatestArtifact("Pusher", "pushed_model", where={"pushed": True},
+                                             follow="serving_model",
+                                             unless_same="serving_model")
+
+# The decoding baked into the export: what the Evaluator scores and the Pusher publishes.
+EXPORT_DECODING = ("eval.beam_size", "eval.max_length", "eval.length_normalization")
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("ExampleGen", "components.example_gen",
@@ -81,23 +86,28 @@ STAGES: tuple[StageSpec, ...] = (
                       "vocabulary": ("Preprocess", "vocabulary")},
               outputs={"model": "Model"},
               config_sections=("model", "train")),
-    StageSpec("Evaluator", "components.evaluator",
+    StageSpec("Exporter", "components.exporter",
               inputs={"model": ("Trainer", "model"),
-                      "annotations": ("Preprocess", "annotations"),
-                      "vocabulary": ("Preprocess", "vocabulary"),
+                      "encoder": ("EncoderTrainer", "encoder"),
+                      "vocabulary": ("Preprocess", "vocabulary")},
+              outputs={"serving_model": "ServingModel"},
+              config_sections=EXPORT_DECODING + ("push.model_name", "push.num_warmup_requests"),
+              summary={"export_digest": ("serving_model", "digest")}),
+    StageSpec("Evaluator", "components.evaluator",
+              inputs={"serving_model": ("Exporter", "serving_model"),
                       "examples": ("ExampleGen", "examples")},
               outputs={"evaluation": "Evaluation", "blessing": "Blessing"},
               config_sections=("eval",),
-              resolved={"baseline": LATEST_PUSHED_EVALUATION},
-              summary={"metrics": ("evaluation", "metrics"), "blessed": ("blessing", "blessed")}),
+              resolved={"baseline": LATEST_PUSHED_SERVING_MODEL},
+              summary={"metrics": ("evaluation", "metrics"), "blessed": ("blessing", "blessed"),
+                       "comparison": ("blessing", "comparison")}),
     StageSpec("Pusher", "components.pusher",
-              inputs={"model": ("Trainer", "model"),
-                      "encoder": ("EncoderTrainer", "encoder"),
-                      "vocabulary": ("Preprocess", "vocabulary"),
+              inputs={"serving_model": ("Exporter", "serving_model"),
                       "blessing": ("Evaluator", "blessing"),
                       "evaluation": ("Evaluator", "evaluation")},
               outputs={"pushed_model": "PushedModel"},
-              config_sections=("push",),
+              config_sections=("push.serving_dir", "push.model_name", "push.keep_versions",
+                               "push.max_batch_size", "push.batch_timeout_micros"),
               summary={"pushed_version": ("pushed_model", "version")}),
 )
 

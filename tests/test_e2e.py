@@ -32,7 +32,7 @@ def tiny_run(tmp_path_factory):
 def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
     root, summary = tiny_run
     assert set(summary["stages"]) == {"ExampleGen", "EncoderTrainer", "Preprocess", "Trainer",
-                                      "Evaluator", "Pusher"}
+                                      "Exporter", "Evaluator", "Pusher"}
     assert all(st["status"] == "ran" for st in summary["stages"].values())
     for key in ("Bleu_1", "Bleu_4", "ROUGE_L", "CIDEr", "grounding", "attribute_accuracy"):
         assert key in summary["metrics"]
@@ -47,7 +47,7 @@ def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
 
 def test_serve_and_caption_through_the_client(tiny_run):
     root, summary = tiny_run
-    from components.evaluator import read_images
+    from components.split_readers import read_images
     from serving.client import CaptionClient
     from serving.server import ModelServer
     props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
@@ -92,7 +92,7 @@ def test_second_run_is_fully_cached(tiny_run):
     assert "metrics" in summary
     out = _captioner("inspect", "--root", root, "--json").stdout
     states = [x["state"] for x in json.loads(out)["executions"]]
-    assert states.count("cached") == 6 and states.count("complete") == 6
+    assert states.count("cached") == 7 and states.count("complete") == 7
 
 
 def test_attention_signal_analysis_runs_on_a_pipeline_root(tiny_run):
@@ -121,51 +121,64 @@ def _captions(evaluation_uri):
         return [json.loads(line) for line in f]
 
 
-def test_streamed_evaluation_does_not_depend_on_the_batch_size(tmp_path):
-    # In float32: a bfloat16 model's matmuls round differently at other batch
-    # sizes (the CPU kernels block by batch), which can flip a beam's choice.
-    root = str(tmp_path / "float32")
-    precision = ("--set", "train.mixed_precision=float32")
-    _captioner("run", "--config", "tiny", "--root", root, *precision)
-    with open(os.path.join(root, "run_summary.json")) as f:
-        summary = json.load(f)
-    _captioner("run", "--config", "tiny", "--root", root, "--stages", "Evaluator",
-               "--set", "eval.batch_size=3", *precision)
-    with open(os.path.join(root, "run_summary.json")) as f:
-        small = json.load(f)
-    assert small["stages"]["Evaluator"]["status"] == "ran"
-    drop = lambda m: {k: v for k, v in m.items() if k != "decode_seconds"}  # noqa: E731
-    assert drop(small["metrics"]) == drop(summary["metrics"])
-    assert (_captions(small["stages"]["Evaluator"]["outputs"]["evaluation"])
-            == _captions(summary["stages"]["Evaluator"]["outputs"]["evaluation"]))
+def _test_images(examples_uri):
+    from components.split_readers import iter_example_batches
+    return {i: image for batch in iter_example_batches(examples_uri, "test", 64)
+            for i, image in zip(batch["ids"], batch["images"])}
+
+
+def test_every_test_image_served_gets_the_evaluated_caption(tiny_run, tmp_path):
+    """A real server of the pushed version: one request per test image, gRPC and REST."""
+    import base64
+    import urllib.request
+    from serving.client import CaptionClient
+    from tests.reliability.server_process import ServerProcess
+    root, summary = tiny_run
+    stages = summary["stages"]
+    evaluation = stages["Evaluator"]["outputs"]["evaluation"]
+    pushed = _properties(stages["Pusher"]["outputs"]["pushed_model"])
+    assert pushed["digest"] == _properties(evaluation)["export_digest"]
+    measured = {row["image_id"]: row for row in _captions(evaluation)}
+    images = _test_images(stages["ExampleGen"]["outputs"]["examples"])
+    assert sorted(images) == sorted(measured) and len(images) >= 10
+    server = ServerProcess(["--model-base-path", os.path.dirname(pushed["path"]),
+                            "--port", "0", "--rest-port", "0"], str(tmp_path / "server.log"))
+    try:
+        with CaptionClient(server.grpc_address, model_name="captioner") as client:
+            for image_id, image in sorted(images.items()):
+                result = client.caption([image])[0]
+                assert result["caption"] == measured[image_id]["caption"], image_id
+                assert float(result["score"]) == measured[image_id]["score"], image_id
+        for image_id, image in sorted(images.items()):
+            body = json.dumps({"instances": [{"b64": base64.b64encode(image).decode()}]})
+            request = urllib.request.Request(
+                f"{server.rest_url}/v1/models/captioner:predict", data=body.encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                prediction = json.loads(response.read())["predictions"][0]
+            assert prediction["caption"] == measured[image_id]["caption"], image_id
+            # JSON may print the float32 in its shortest form: compare as float32.
+            assert np.float32(prediction["score"]) == np.float32(measured[image_id]["score"])
+    finally:
+        server.stop()
 
 
 def test_the_pushed_graph_decodes_as_the_evaluator_measured(tiny_run, tmp_path):
     root, first = tiny_run
     settings = {"beam_size": 3, "max_length": 9, "length_normalization": 0.7}
     serving_dir = str(tmp_path / "serving")
-    _captioner("run", "--config", "tiny", "--root", root, "--stages", "Evaluator,Pusher",
+    _captioner("run", "--config", "tiny", "--root", root,
+               "--stages", "Exporter,Evaluator,Pusher",
                *[f"--set=eval.{k}={v}" for k, v in settings.items()],
                "--set", f"push.serving_dir={serving_dir}")
     with open(os.path.join(root, "run_summary.json")) as f:
         summary = json.load(f)
-    evaluation = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
+    evaluation = _properties(summary["stages"]["Evaluator"]["outputs"]["evaluation"])
     pushed = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
-    assert _properties(evaluation)["decoding"] == settings == pushed["decoding"]
-
-    from components.evaluator import read_annotations
-    from serving.client import CaptionClient
-    from serving.server import ModelServer
-    data = read_annotations(first["stages"]["Preprocess"]["outputs"]["annotations"], "test")
-    measured = {row["image_id"]: row for row in _captions(evaluation)}
-    assert sorted(measured) == data["ids"]
-    server = ModelServer(model_base_path=os.path.dirname(pushed["path"]),
-                         model_name="captioner", port=0, rest_port=0).start()
-    try:
-        client = CaptionClient(server.grpc_address, model_name="captioner")
-        served = client.caption_annotations(data["annotations"])
-    finally:
-        server.stop()
-    for image_id, result in zip(data["ids"], served):
-        assert result["caption"] == measured[image_id]["caption"], image_id
-        assert float(result["score"]) == measured[image_id]["score"], image_id  # bit for bit
+    assert evaluation["decoding"] == settings == pushed["decoding"]
+    assert pushed["digest"] == evaluation["export_digest"]
+    # The baseline (the first run's push, beam 2) was captioned again with beam 3.
+    assert evaluation["baseline"]["serving_model_uri"] == \
+        first["stages"]["Exporter"]["outputs"]["serving_model"]
+    assert any("exported again with this run's decoding" in n for n in evaluation["notes"])
+    assert {row["metric"] for row in evaluation["comparison"]} >= {"Bleu_4", "CIDEr"}

@@ -51,6 +51,6 @@ def get_config() -> PipelineConfig:
         train=TrainConfig(batch_size=64, epochs=24, learning_rate=4e-3, lr_schedule="cosine",
                           checkpoint_every=200, val_examples=256, patience=3,
                           scst_learning_rate=5e-4, scst_epochs=12),
-        eval=EvalConfig(beam_size=3, max_length=24, batch_size=256, num_figures=8,
+        eval=EvalConfig(beam_size=3, max_length=24, num_figures=8,
                         thresholds={"Bleu_4": 0.5, "CIDEr": 3.0}),
     )

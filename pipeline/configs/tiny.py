@@ -21,7 +21,7 @@ def get_config() -> PipelineConfig:
         model=ModelConfig(embedding_dim=16, hidden_dim=32, attention_dim=16, dropout=0.0),
         train=TrainConfig(batch_size=16, epochs=2, checkpoint_every=5, val_examples=16,
                           log_every=5, shuffle_buffer=64),
-        eval=EvalConfig(beam_size=2, max_length=12, batch_size=32, num_figures=2,
+        eval=EvalConfig(beam_size=2, max_length=12, num_figures=2,
                         thresholds={"Bleu_4": 0.0}),
         push=PushConfig(num_warmup_requests=1),
     )

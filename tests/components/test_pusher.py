@@ -104,61 +104,63 @@ def test_not_blessed_pushes_nothing(tmp_path, capsys):
     assert "NOT blessed" in capsys.readouterr().err
 
 
-def test_the_export_decodes_as_the_evaluation_measured(tmp_path):
-    measured = {"beam_size": 4, "max_length": 17, "length_normalization": 0.7}
-    evaluation = Artifact(type="Evaluation", uri=str(tmp_path),
-                          properties={"metrics": {}, "decoding": measured})
-    assert pusher.blessed_decoding(evaluation) == measured
-    older = Artifact(type="Evaluation", uri=str(tmp_path), properties={"metrics": {}})
-    with pytest.raises(RuntimeError, match="decoding settings"):
-        pusher.blessed_decoding(older)
-
-
-def _fake_pusher_inputs(tmp_path, monkeypatch, export):
-    """A Pusher context whose export writes what `export(path)` writes."""
-    import keras
-    from serving import export as export_lib
-    monkeypatch.setattr(keras.saving, "load_model", lambda path: None)
-    monkeypatch.setattr(schema, "read_vocabulary", lambda uri: ["<pad>"])
-    monkeypatch.setattr(schema, "model_file", lambda uri: uri)
-    monkeypatch.setattr(export_lib, "export_saved_model",
-                        lambda path, *args, **kwargs: export(path))
-    inputs = {name: Artifact(type=name, uri=str(tmp_path / name), fingerprint=f"fp-{name}")
-              for name in ("model", "encoder", "vocabulary")}
-    inputs["evaluation"] = Artifact(
-        type="Evaluation", uri=str(tmp_path / "evaluation"), fingerprint="fp-evaluation",
-        properties={"metrics": {}, "decoding": {"beam_size": 1, "max_length": 5,
-                                                "length_normalization": 0.0}})
-    inputs["blessing"] = Artifact(type="Blessing", uri=str(tmp_path / "b"),
-                                  properties={"blessed": True})
-    return StageContext(stage="Pusher", config=PipelineConfig(), inputs=inputs,
-                        outputs={"pushed_model": str(tmp_path / "out")},
-                        work_dir=str(tmp_path), root=str(tmp_path), execution_id=1)
-
-
-def test_a_model_tf_serving_cannot_run_is_not_pushed(tmp_path, monkeypatch, capsys):
-    from tests.serving.test_infra_validator import _py_function_model
-    ctx = _fake_pusher_inputs(tmp_path, monkeypatch, _py_function_model)
-    result = pusher.run(ctx)
-    properties = result["pushed_model"]["properties"]
-    assert properties["pushed"] is False
-    assert "infra validation" in properties["reasons"][0]
-    assert "EagerPyFunc" in properties["reasons"][0]
-    model_dir = tmp_path / "serving" / "captioner"
-    assert os.listdir(model_dir) == []  # no version, no leftover
-    assert "NOT pushed" in capsys.readouterr().err
-
-
-def test_a_pushed_version_records_its_ops_and_tensorflow_version(tmp_path, monkeypatch):
-    import tensorflow as tf
+def _pusher_context(tmp_path, evaluated_digest=None, blessed=True):
+    """A Pusher context over a fixture SavedModel in a ServingModel folder."""
+    from components import io_utils
     from tests.serving.fixtures import build_fixture_model, solid_image
-    ctx = _fake_pusher_inputs(tmp_path, monkeypatch, lambda path: build_fixture_model(
-        path, warmup_images=[solid_image((200, 10, 10))]))
+    serving_uri = tmp_path / "serving_model"
+    saved = build_fixture_model(str(serving_uri / schema.SAVED_MODEL_DIR),
+                                warmup_images=[solid_image((200, 10, 10))])
+    digest = io_utils.tree_digest(saved)
+    inputs = {
+        "serving_model": Artifact(type="ServingModel", uri=str(serving_uri),
+                                  properties={"digest": digest, "model_uri": "m",
+                                              "decoding": {"beam_size": 1}}),
+        "evaluation": Artifact(type="Evaluation", uri=str(tmp_path / "evaluation"),
+                               properties={"export_digest": evaluated_digest or digest}),
+        "blessing": Artifact(type="Blessing", uri=str(tmp_path / "b"),
+                             properties={"blessed": blessed})}
+    ctx = StageContext(stage="Pusher", config=PipelineConfig(), inputs=inputs,
+                       outputs={"pushed_model": str(tmp_path / "out")}, work_dir=str(tmp_path),
+                       root=str(tmp_path), execution_id=1)
+    return ctx, saved, digest
+
+
+def test_the_pushed_version_is_a_byte_for_byte_copy_of_the_evaluated_export(tmp_path):
+    from components import io_utils
+    ctx, saved, digest = _pusher_context(tmp_path)
     properties = pusher.run(ctx)["pushed_model"]["properties"]
     assert properties["pushed"] is True and properties["version"] == 1
-    record = pusher.pushed_from(properties["path"])
-    report = record["infra_validation"]
-    assert report["ok"] and report["tensorflow_version"] == tf.__version__
-    assert report["warmup_requests"] == 1 and "DecodeImage" in report["ops"]
-    # The same model again is recognized as already pushed.
+    assert properties["digest"] == digest == io_utils.tree_digest(properties["path"])
+    for dirpath, _, files in os.walk(saved):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), saved)
+            with open(os.path.join(saved, rel), "rb") as a, \
+                    open(os.path.join(properties["path"], rel), "rb") as b:
+                assert a.read() == b.read(), rel
+    # The same bytes again are recognized as already pushed.
     assert pusher.run(ctx)["pushed_model"]["properties"]["version"] == 1
+    assert pusher.existing_versions(os.path.dirname(properties["path"])) == [1]
+
+
+def test_an_export_other_than_the_evaluated_one_is_refused(tmp_path):
+    ctx, _, _ = _pusher_context(tmp_path, evaluated_digest="0" * 64)
+    with pytest.raises(pusher.PushError, match="is not the one the Evaluation"):
+        pusher.run(ctx)
+    assert not os.path.exists(tmp_path / "serving" / "captioner")
+
+
+def test_a_copy_that_differs_from_the_evaluated_bytes_is_not_published(tmp_path, monkeypatch):
+    import shutil as shutil_lib
+    ctx, _, _ = _pusher_context(tmp_path)
+    real_copytree = shutil_lib.copytree
+
+    def corrupting_copytree(src, dst, *args, **kwargs):
+        real_copytree(src, dst, *args, **kwargs)
+        with open(os.path.join(dst, "saved_model.pb"), "ab") as f:
+            f.write(b"\0")
+    monkeypatch.setattr(pusher.shutil, "copytree", corrupting_copytree)
+    with pytest.raises(pusher.PushError, match="not the evaluated"):
+        pusher.run(ctx)
+    model_dir = tmp_path / "serving" / "captioner"
+    assert os.listdir(model_dir) == []  # no version, no leftover

@@ -119,6 +119,7 @@ def test_cross_key_rules(overrides, message):
 
 def test_choices_match_what_the_stages_accept():
     from components import distribute, evaluator, precision, train_data
+    from components.metrics import bootstrap
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
     from components.sources import BOXED_SOURCES, SOURCES
@@ -138,7 +139,7 @@ def test_choices_match_what_the_stages_accept():
     assert choices["train.early_stopping_metric"] == validation.METRICS
     from models import scst
     assert choices["train.scst_baseline"] == scst.BASELINES
-    assert config_lib.EVAL_METRICS == evaluator.BLESSING_METRICS
+    assert config_lib.EVAL_METRICS == bootstrap.METRICS
     assert config_lib.REPORTED_METRICS == evaluator.REPORTED_METRICS
     for name in config_lib.named_configs():  # every shipped config passes
         config_lib.load_config(name)

@@ -1,0 +1,72 @@
+"""Exporting a Model artifact as a TF Serving SavedModel, and what the export records.
+
+Used by the Exporter stage (`components.exporter`) and by the Evaluator,
+which re-exports the baseline model when its export decoded with other
+settings (the comparison needs the same decoding on both sides).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from components import schema
+
+
+def decoding_settings(eval_config) -> dict:
+    """The decoding the export runs, from the `eval` section (beam 1 = greedy)."""
+    return {"beam_size": int(eval_config.beam_size), "max_length": int(eval_config.max_length),
+            "length_normalization": float(eval_config.length_normalization)}
+
+
+def export(path: str, model_uri: str, encoder_uri: str, vocabulary_uri: str, decoding: dict,
+           model_name: str, num_warmup_requests: int, record: dict | None = None,
+           progress=None, validate_infra: bool = True) -> dict:
+    """Writes a SavedModel to `path`, validates it for TF Serving and records both.
+
+    Args:
+      path: the (not yet existing) SavedModel folder.
+      model_uri, encoder_uri, vocabulary_uri: the Model, Encoder and
+        Vocabulary artifact folders.
+      decoding: `decoding_settings`.
+      model_name: written into the warmup requests.
+      num_warmup_requests: warmup records (0 = none).
+      record: more facts for `schema.EXPORT_RECORD` (the input fingerprints).
+      progress: called with the name of each step as it begins.
+      validate_infra: run the InfraValidator (a child process, seconds).
+    Returns:
+      The infra validation report (`ok`, `reason`, `ops`, versions), or
+      None without `validate_infra`.
+    """
+    import keras
+    import models.encoder  # noqa: F401  (registers the custom layers)
+    import models.show_attend_tell  # noqa: F401
+    from serving.export import export_saved_model
+    from serving.infra_validator import validate
+    step = progress or (lambda name: None)
+    step("load")
+    decoder = keras.saving.load_model(schema.model_file(model_uri))
+    encoder = keras.saving.load_model(os.path.join(encoder_uri, schema.ENCODER_FILE))
+    vocabulary = schema.read_vocabulary(vocabulary_uri)
+    step("export SavedModel")
+    export_saved_model(path, encoder, decoder, vocabulary, **decoding, model_name=model_name,
+                       num_warmup_requests=num_warmup_requests)
+    report = None
+    if validate_infra:
+        step("infra validation")
+        report = validate(path)
+    full = dict(record or {}, decoding=decoding, model_name=model_name,
+                num_warmup_requests=num_warmup_requests, infra_validation=report)
+    out = os.path.join(path, schema.EXPORT_RECORD)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(full, f, indent=2, sort_keys=True)
+    return report
+
+
+def read_export_record(saved_model_dir: str) -> dict | None:
+    """The `schema.EXPORT_RECORD` of a SavedModel folder, or None."""
+    try:
+        with open(os.path.join(saved_model_dir, schema.EXPORT_RECORD), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
