@@ -46,7 +46,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.train_step import cpu_model  # noqa: E402
-STAGES = ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer", "Evaluator", "Pusher")
+STAGES = ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer", "Exporter", "Evaluator",
+          "Pusher")
 # Paper-shaped grids from the small CNN: 14x14x512 float16 (VGG19 block5_conv4's shape).
 PAPER_GRID = ("encoder.image_size=56", "encoder.grid_size=14", "encoder.width=128",
               "encoder.coord_channels=false", "data.image_size=56")

@@ -170,9 +170,9 @@ def _default_change_thresholds() -> dict[str, dict[str, float]]:
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluator: decoding, metrics, figures and blessing thresholds."""
-    beam_size: int = 3                 # 1 = greedy; the Pusher exports the same
-    max_length: int = 30               # longest caption, in words; the Pusher exports the same
-    length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Pusher exports the same
+    beam_size: int = 3                 # 1 = greedy; the Exporter bakes it into the SavedModel
+    max_length: int = 30               # longest caption, in words; the Exporter bakes it into the SavedModel
+    length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Exporter bakes it into the SavedModel
     batch_size: int = 1                # images per serving_default call (1 = as a single-image request is served, bit for bit)
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split

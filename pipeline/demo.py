@@ -86,11 +86,12 @@ def main(argv=None) -> int:
     model_base = os.path.join(serving_dir, config.push.model_name)
     examples_uri = summary["stages"]["ExampleGen"]["outputs"]["examples"]
     evaluation_uri = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
-    references = {}
+    references, evaluated = {}, {}
     with open(os.path.join(evaluation_uri, "captions.jsonl")) as f:
         for line in f:
             row = json.loads(line)
             references[row["image_id"]] = row["references"]
+            evaluated[row["image_id"]] = row["caption"]
     wanted = sorted(references)[:args.num_captions]
     images = read_images(examples_uri, "test", set(wanted))
     proc, grpc_target, rest_target = start_server(model_base, config.push.model_name)
@@ -98,7 +99,8 @@ def main(argv=None) -> int:
     try:
         print(f"  server: gRPC {grpc_target}, REST {rest_target}")
         client = CaptionClient(grpc_target, model_name=config.push.model_name)
-        results = client.caption([images[i] for i in wanted])
+        # One request per image, as the Evaluator called the same SavedModel.
+        results = [client.caption([images[i]])[0] for i in wanted]
         os.makedirs(attention_dir, exist_ok=True)
         from serving.attention_figure import save_attention_figure
         served = []
@@ -113,6 +115,8 @@ def main(argv=None) -> int:
                 print(f"    reference: {ref}")
         with open(os.path.join(output, "served_captions.json"), "w") as f:
             json.dump(served, f, indent=2)
+        same = sum(r["caption"] == evaluated[r["image_id"]] for r in served)
+        print(f"\n  {same} of {len(served)} served captions are the ones the Evaluator scored")
     finally:
         stop_server(proc)
 

@@ -43,7 +43,7 @@ def test_every_stage_ran_with_the_keras_app_encoder(paper_run):
     summary, _ = paper_run
     stages = summary["stages"]
     assert set(stages) == {"ExampleGen", "EncoderTrainer", "Preprocess", "Trainer",
-                           "Evaluator", "Pusher"}
+                           "Exporter", "Evaluator", "Pusher"}
     assert all(st["status"] == "ran" for st in stages.values())
     assert summary["blessed"] is True
     encoder = _properties(stages["EncoderTrainer"]["outputs"]["encoder"])

@@ -7,8 +7,8 @@ and a checkpoint every 2 steps:
   run 1: killed in ExampleGen (while it writes its TFRecords)
   run 2: recovers ExampleGen, killed in Preprocess (Beam job running)
   run 3: recovers Preprocess, killed in Trainer (after its first checkpoint)
-  run 4: Trainer resumes, killed in Pusher (while the SavedModel is written)
-  run 5: recovers the Pusher and completes.
+  run 4: Trainer resumes, killed in the Exporter (while the SavedModel is written)
+  run 5: recovers the Exporter, evaluates and pushes.
 
 Each re-run both recovers the previous kill (its stages before the killed one
 are `cached`, the killed one runs again and completes) and goes on to the
@@ -58,7 +58,7 @@ KILLS = {
     "ExampleGen": ("ExampleGen/.tmp-*/examples/train/*.tfrecord", (0.0, 0.08)),
     "Preprocess": ("Preprocess/.tmp-*", (0.3, 2.0)),
     "Trainer": ("Trainer/.work/*/checkpoints/checkpoint", (0.0, 1.0)),
-    "Pusher": ("serving/captioner/.tmp-*", (0.0, 0.04)),
+    "Exporter": ("Exporter/.tmp-*/serving_model/saved_model/*", (0.0, 0.5)),
 }
 
 
@@ -115,7 +115,7 @@ class PublishWatcher(threading.Thread):
     """Checks every published stage folder and serving version the first time it appears."""
 
     SERVING_FILES = ("saved_model.pb", os.path.join("variables", "variables.index"),
-                     pusher.PUSH_RECORD)
+                     schema.EXPORT_RECORD)
 
     def __init__(self, root: str):
         super().__init__(daemon=True)
@@ -257,7 +257,7 @@ def chain(tmp_path_factory):
                     "problems": check_published(root)}
             if stage == "Trainer":
                 info["checkpoint_step"] = _checkpoint_step(root)
-            if stage == "Pusher":
+            if stage == "Exporter":
                 model_dir = os.path.join(root, "serving", "captioner")
                 info["serving"] = sorted(_listdir(model_dir))
                 info["poll"] = _poll_serving(model_dir)
@@ -324,10 +324,12 @@ def test_the_rerun_caches_what_came_before_and_reruns_the_killed_stage(chain, st
     assert chain["final"]["states"][killed_id] == "abandoned"
 
 
-def test_the_final_run_completes_with_everything_before_the_pusher_cached(chain):
+def test_the_final_run_completes_with_everything_before_the_exporter_cached(chain):
     summary = chain["summary"]
+    exporter = STAGE_ORDER.index("Exporter")
     assert {n: s["status"] for n, s in summary["stages"].items()} == {
-        **{n: "cached" for n in STAGE_ORDER[:-1]}, "Pusher": "ran"}
+        **{n: "cached" for n in STAGE_ORDER[:exporter]},
+        **{n: "ran" for n in STAGE_ORDER[exporter:]}}
     assert summary["blessed"] is True
 
 
@@ -349,12 +351,12 @@ def test_the_trainer_resumed_from_its_checkpoint(chain):
           f"{resumed[0]}, finished at {model.counts['steps']}")
 
 
-def test_a_pusher_killed_mid_push_leaves_the_serving_folder_valid(chain):
-    kill = chain["kills"]["Pusher"]
-    # Killed while the SavedModel was being written: only a hidden temp folder.
-    assert kill["serving"] and all(e.startswith(".tmp-") for e in kill["serving"]), kill
+def test_an_exporter_killed_mid_export_leaves_nothing_servable(chain):
+    kill = chain["kills"]["Exporter"]
+    # Killed while the SavedModel was being written: nothing reached the serving folder.
+    assert kill["serving"] == [], kill
     assert kill["poll"] == {"available": [], "on_disk": [], "states": {}}
-    assert chain["final"]["serving"] == ["1"]  # the re-run cleaned the leftover
+    assert chain["final"]["serving"] == ["1"]
     poll = chain["final"]["poll"]
     assert poll["available"] == poll["on_disk"] == [1], poll
 
@@ -403,7 +405,8 @@ def test_a_pusher_killed_after_publishing_its_version_does_not_push_it_twice(cha
     model_dir = os.path.join(root, "serving", "captioner")
     before_versions = pusher.existing_versions(model_dir)
     # A new push (the export settings changed), so that the Pusher publishes a version.
-    args = (*RUN_ARGS, "--set", "push.num_warmup_requests=2", "--stages", "Pusher")
+    args = (*RUN_ARGS, "--set", "push.num_warmup_requests=2",
+            "--stages", "Exporter,Evaluator,Pusher")
     kill_after_publish = (
         "-c", "import os, signal, sys\n"
         "import components.pusher as p\n"
@@ -420,7 +423,7 @@ def test_a_pusher_killed_after_publishing_its_version_does_not_push_it_twice(cha
     killed = pusher.existing_versions(model_dir)
     assert killed == before_versions + [before_versions[-1] + 1]  # published, then killed
     err = _wait(_start(root, logs, "pusher-rerun", args=args), logs, "pusher-rerun")
-    assert f"version {killed[-1]} already holds this model" in err
+    assert f"version {killed[-1]} already holds this SavedModel" in err
     assert pusher.existing_versions(model_dir) == killed  # no duplicate version
     with open(os.path.join(root, "run_summary.json"), encoding="utf-8") as f:
         pushed = json.load(f)["stages"]["Pusher"]

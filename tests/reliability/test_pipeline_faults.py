@@ -168,7 +168,7 @@ def test_every_stage_ran_on_the_faulty_input(faulty_run):
     summary = faulty_run["summary"]
     assert {n: s["status"] for n, s in summary["stages"].items()} == {
         n: "ran" for n in ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer",
-                           "Evaluator", "Pusher")}
+                           "Exporter", "Evaluator", "Pusher")}
     assert summary["blessed"] is True
     print(f"\n[faults] injected into {len(faulty_run['data']['entries'])} JSON entries "
           f"({NUM_IMAGES} images): {FAULTS}")
