@@ -247,6 +247,7 @@ class Runner:
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
             produced: dict[str, dict[str, Artifact]] = {}
             needed = self._needed(selected)
+            rebuilt: set[str] = set()  # stages not selected that ran because of damage
             for spec in self.stages:
                 if spec.name not in needed:
                     continue
@@ -272,9 +273,12 @@ class Runner:
                     result = self._resolve_cached(store, spec, fp)
                     if result is not None:
                         result["status"] = "cached"
-                    elif store.complete_executions(spec.name, fp):
-                        # Published for this config but damaged since: rebuilt, not refused.
+                    elif store.complete_executions(spec.name, fp) or rebuilt & {
+                            up for up, _ in spec.inputs.values()}:
+                        # Its outputs for this config were damaged since, or it reads
+                        # one that was: rebuilt, not refused.
                         result = self._run_stage(store, spec, inputs, fp, reuse=False)
+                        rebuilt.add(spec.name)
                     else:
                         raise StageError(
                             f"{spec.name} has no outputs for the current config"

@@ -202,3 +202,18 @@ def test_the_store_records_what_was_published_relative_to_the_root(finished):
     with sqlite3.connect(os.path.join(root, "metadata.sqlite")) as db:
         uris = [r[0] for r in db.execute("SELECT uri FROM artifacts")]
     assert uris == ["W/1/out", "R/2/out", "T/3/out"]
+
+
+def test_a_rebuilt_upstream_stage_reruns_the_unselected_stages_after_it(tmp_path):
+    from tests.pipeline import fake_stages
+
+    def run(stages=None):
+        return Runner(config_lib.PipelineConfig(), str(tmp_path), stages=fake_stages.STAGES,
+                      log=lambda _: None).run(stages)
+
+    first = run()
+    with open(os.path.join(first["stages"]["A"]["outputs"]["out"], "value.txt"), "w") as f:
+        f.write("a0 damaged")
+    # A fails its size check; B, not selected either, reads A's new output: it runs too.
+    assert _statuses(run(["C"])) == {"A": "ran", "B": "ran", "C": "ran"}
+    assert _statuses(run(["C"])) == {"C": "cached"}

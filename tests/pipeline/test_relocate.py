@@ -174,3 +174,71 @@ def test_inspect_shows_paths_where_they_are_now(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"PushedModel  #7 {moved / 'P' / '8' / 'pushed'}\n" in proc.stdout
     assert str(origin) not in proc.stdout
+
+
+def _captioner(*args):
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)], cwd=repo,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def _flip_middle_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_copied_tiny_root_runs_alone_and_finds_a_damaged_shard(tmp_path):
+    """The real stages (`--config tiny`, ~2 min): copy, delete the original, run, damage, rebuild."""
+    origin, copy = tmp_path / "tiny origin é", tmp_path / "tiny copy"
+    proc = _captioner("run", "--config", "tiny", "--root", origin)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(origin, copy)
+    shutil.rmtree(origin)
+
+    cached = _captioner("run", "--root", copy)
+    assert cached.returncode == 0, cached.stderr[-3000:]
+    with open(copy / "run_summary.json") as f:
+        summary = json.load(f)
+    assert {st["status"] for st in summary["stages"].values()} == {"cached"}
+    assert len(summary["stages"]) == 7
+    rebuilt = _captioner("run", "--root", copy, "--no-cache")
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    with open(copy / "run_summary.json") as f:
+        summary = json.load(f)
+    assert {st["status"] for st in summary["stages"].values()} == {"ran"}
+    pushed = Artifact.load(summary["stages"]["Pusher"]["outputs"]["pushed_model"]).properties
+    assert pushed["path"].startswith(str(copy) + os.sep)
+    assert os.path.exists(os.path.join(pushed["path"], "saved_model.pb"))
+    verified = _captioner("inspect", "--root", copy, "--verify")
+    assert verified.returncode == 0 and " 0 damaged, 0 unchecked" in verified.stdout
+
+    # One flipped bit in an Annotations shard: same size, so a plain cache hit reuses it;
+    # the Trainer reading it stops with one line.
+    annotations = summary["stages"]["Preprocess"]["outputs"]["annotations"]
+    [shard] = [f for f in Artifact.load(annotations).files if f.startswith("train/")]
+    _flip_middle_byte(os.path.join(annotations, shard))
+    failed = _captioner("run", "--root", copy, "--stages", "Trainer", "--set", "train.epochs=3")
+    assert failed.returncode == 1
+    assert "Traceback" not in failed.stderr
+    line = failed.stderr.strip().splitlines()[-1]
+    preprocess_id = summary["stages"]["Preprocess"]["execution_id"]
+    assert line.startswith(f"captioner: Trainer failed: input annotations (Annotations of "
+                           f"Preprocess execution {preprocess_id}) is damaged: "
+                           f"{os.path.join(annotations, shard)} has crc32c ")
+    assert "(crc32c check, DataLossError: corrupted record at " in line
+    assert line.endswith("--stages Preprocess,Trainer --no-cache")
+    # --verify finds it at the cache hit: Preprocess is rebuilt, then the Trainer runs.
+    fixed = _captioner("run", "--root", copy, "--stages", "Trainer", "--set", "train.epochs=3",
+                       "--verify")
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert (f"[Preprocess] not reusing execution {preprocess_id}: its annotations is damaged: "
+            f"{os.path.join(annotations, shard)} has crc32c ") in fixed.stderr
+    with open(copy / "run_summary.json") as f:
+        statuses = {k: v["status"] for k, v in json.load(f)["stages"].items()}
+    assert statuses == {"Preprocess": "ran", "Trainer": "ran"}
