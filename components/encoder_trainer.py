@@ -14,11 +14,18 @@ its memory does not grow with the number of images. The small CNN trains in
 natively, 1.55x faster per step on an AVX512-BF16 CPU) and is saved in
 float32, so that Preprocess and serving compute the same annotations on any
 host.
+
+Each epoch's TensorBoard scalars (`encoder/loss`, `encoder/val_map`,
+`encoder/best_val_map`, `encoder/learning_rate`, `encoder/epoch_seconds`,
+step = epoch) go to `<work_dir>/logs` while it trains (`captioner
+tensorboard` shows them as `EncoderTrainer/running-<fp>`) and into the
+Encoder's `logs/` at the end.
 """
 from __future__ import annotations
 
 import collections
 import os
+import shutil
 import sys
 import time
 
@@ -27,6 +34,7 @@ from tqdm import tqdm
 
 from components import precision as precision_lib
 from components import schema
+from components import summary_writer
 from models import text as text_lib
 
 # Words that say nothing about what is in a region.
@@ -150,7 +158,8 @@ def _StepBar(bar):
 
 
 def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
-                       steps_per_epoch: int | None = None, policy: str = "float32"):
+                       steps_per_epoch: int | None = None, policy: str = "float32",
+                       logs_dir: str | None = None):
     """Trains the small CNN on word presence until val mAP stops improving.
 
     Args:
@@ -162,6 +171,7 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
       steps_per_epoch: batches per epoch, for the progress bar (None: unknown).
       policy: the Keras dtype policy to train in; the returned backbone is
         float32 whatever it is.
+      logs_dir: where each epoch's TensorBoard scalars go (None: nowhere).
     Returns:
       (trained backbone, best val mAP, epochs run, history list).
     """
@@ -178,6 +188,26 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
     model.compile(optimizer=keras.optimizers.Adam(config.learning_rate),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
     val_images = val_ds.map(lambda x, y: x)
+    writer = summary_writer.file_writer(logs_dir) if logs_dir else None
+    try:
+        best, best_weights, epoch, history = _fit_epochs(
+            model, backbone, train_ds, val_images, val_y, config, log, steps_per_epoch, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+    if best_weights is not None:
+        backbone.set_weights(best_weights)
+    if backbone.dtype_policy.name != "float32":
+        # The same variables (float32 under mixed precision) in a float32 model.
+        float_backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
+        float_backbone.set_weights(backbone.get_weights())
+        backbone = float_backbone
+    return backbone, best, epoch, history
+
+
+def _fit_epochs(model, backbone, train_ds, val_images, val_y, config, log, steps_per_epoch,
+                writer):
+    """The epochs of `train_word_encoder`: (best mAP, its backbone weights, epochs, history)."""
     best, best_weights, bad, history = -1.0, None, 0, []
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
@@ -193,25 +223,27 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
                         "val_map": val_map, "seconds": round(time.time() - start, 1)})
         log(f"[EncoderTrainer] epoch {epoch}: loss {history[-1]['loss']:.4f} "
             f"val mAP {val_map:.4f} ({history[-1]['seconds']}s)")
-        if val_map > best + config.min_delta:
+        improved = val_map > best + config.min_delta
+        if improved:
             best, bad = val_map, 0
             best_weights = [w.copy() for w in backbone.get_weights()]
         else:
             bad += 1
-            if bad >= config.patience:
-                log(f"[EncoderTrainer] val mAP stopped improving: best {best:.4f}")
-                break
-    if best_weights is not None:
-        backbone.set_weights(best_weights)
-    if backbone.dtype_policy.name != "float32":
-        # The same variables (float32 under mixed precision) in a float32 model.
-        float_backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
-        float_backbone.set_weights(backbone.get_weights())
-        backbone = float_backbone
-    return backbone, best, epoch, history
+        if writer is not None:
+            summary_writer.write_scalars(writer, {
+                "encoder/loss": history[-1]["loss"], "encoder/val_map": val_map,
+                "encoder/best_val_map": best,
+                "encoder/learning_rate": model.optimizer.learning_rate,
+                "encoder/epoch_seconds": history[-1]["seconds"]}, epoch)
+            writer.flush()  # one point per epoch: show it now, not at the next timed flush
+        if not improved and bad >= config.patience:
+            log(f"[EncoderTrainer] val mAP stopped improving: best {best:.4f}")
+            break
+    return best, best_weights, epoch, history
 
 
-def train_from_examples(examples_uri: str, config, log=print) -> tuple:
+def train_from_examples(examples_uri: str, config, log=print,
+                        logs_dir: str | None = None) -> tuple:
     """Trains the small CNN on an Examples artifact, streaming every image from disk.
 
     Memory does not grow with the number of images: one pass counts the
@@ -223,6 +255,8 @@ def train_from_examples(examples_uri: str, config, log=print) -> tuple:
     Args:
       examples_uri: the Examples artifact folder.
       config: `EncoderConfig`.
+      log: one line of progress text.
+      logs_dir: where each epoch's TensorBoard scalars go (None: nowhere).
     Returns:
       (backbone, properties, counts, words).
     """
@@ -252,7 +286,8 @@ def train_from_examples(examples_uri: str, config, log=print) -> tuple:
     log(f"[EncoderTrainer] precision {chosen.policy} ({chosen.requested}: {chosen.reason})")
     backbone, val_map, epochs, history = train_word_encoder(
         train_ds, val_ds, val_y, config, log,
-        steps_per_epoch=-(-n_train // config.batch_size), policy=chosen.policy)
+        steps_per_epoch=-(-n_train // config.batch_size), policy=chosen.policy,
+        logs_dir=logs_dir)
     properties = {"val_map": val_map, "chance_map": chance, "epochs": epochs,
                   "history": history, "words": words, **chosen.as_properties()}
     counts = {"encoder_train_images": int(n_train), "encoder_val_images": len(val_sets),
@@ -271,8 +306,13 @@ def run(ctx) -> dict:
     counts: dict = {}
     backbone = None
     if cfg.kind == "small_cnn" and cfg.train:
+        logs_dir = os.path.join(ctx.work_dir, schema.LOGS_DIR)
+        # Training never resumes: an earlier attempt's curves would overlap
+        # this one's epochs.
+        shutil.rmtree(logs_dir, ignore_errors=True)
         backbone, trained, counts, words = train_from_examples(
-            ctx.inputs["examples"].uri, cfg, log)
+            ctx.inputs["examples"].uri, cfg, log, logs_dir=logs_dir)
+        shutil.copytree(logs_dir, os.path.join(out, schema.LOGS_DIR))
         properties.update(trained)
         with open(os.path.join(out, "words.txt"), "w") as f:
             f.write("\n".join(words) + "\n")

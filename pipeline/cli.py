@@ -193,11 +193,27 @@ def serve_argv(argv: list[str]) -> list[str]:
     return prefix + rest
 
 
+TENSORBOARD_HELP = """\
+TensorBoard on the training curves of a pipeline root: the EncoderTrainer's
+(encoder/loss, encoder/val_map, encoder/learning_rate, ... per epoch) and the
+Trainer's (train/*, val/*, attention maps; scst/* for the self-critical
+phase). Runs: `<Stage>/<execution id>` for a published execution (the logs/
+of its artifact), `<Stage>/running-<fp>` for a stage training now (the logs
+of its work folder, written as it trains), and `<Stage>/unpublished-<fp>`
+for one that stopped before publishing. A work folder whose logs an
+execution already published is not shown twice. A stage that starts after
+TensorBoard does needs a restart of this command to show."""
+
+# Stages whose work folder and artifact hold TensorBoard logs.
+LOG_STAGES = ("EncoderTrainer", "Trainer")
+LOGS_DIR = "logs"  # components.schema.LOGS_DIR (not imported: the CLI starts without it)
+
+
 def _cmd_tensorboard(args) -> int:
     logdirs = tensorboard_logdirs(args.root)
     if not logdirs:
-        print(f"captioner: no TensorBoard logs under {args.root}: run the Trainer first "
-              f"(captioner run --root {args.root})", file=sys.stderr)
+        print(f"captioner: no TensorBoard logs under {args.root} yet: run the EncoderTrainer "
+              f"or the Trainer first (captioner run --root {args.root})", file=sys.stderr)
         return 1
     spec = ",".join(f"{name}:{path}" for name, path in logdirs)
     command = ["tensorboard", f"--logdir_spec={spec}", "--port", str(args.port),
@@ -216,27 +232,77 @@ def _cmd_tensorboard(args) -> int:
     return 0
 
 
-def tensorboard_logdirs(root: str) -> list[tuple[str, str]]:
-    """(run name, folder) of every Trainer and EncoderTrainer TensorBoard log folder in `root`.
+def _event_files(folder: str) -> set[str]:
+    """The names of the TensorBoard event files in `folder` and below it."""
+    return {name for _, _, files in os.walk(folder) for name in files
+            if name.startswith("events.out.tfevents")}
 
-    A run is named `<stage>-<execution id>`; published executions and the
-    unpublished folder of one still running are both found.
+
+def _running_fingerprints(root: str, stage: str) -> set[str]:
+    """Fingerprints of `stage`'s executions that the metadata store says are running.
+
+    One SELECT (a WAL store serves readers while a pipeline writes it); an
+    unreadable store knows of none.
+    """
+    import sqlite3
+    path = os.path.join(root, "metadata.sqlite")
+    if not os.path.exists(path):  # connecting would create it
+        return set()
+    try:
+        db = sqlite3.connect(path, timeout=2.0)
+        try:
+            rows = db.execute("SELECT fingerprint FROM executions WHERE stage=? AND "
+                              "state='running'", (stage,)).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return set()
+    return {row[0] for row in rows}
+
+
+def tensorboard_logdirs(root: str) -> list[tuple[str, str]]:
+    """(run name, logs folder) of every EncoderTrainer and Trainer TensorBoard log in `root`.
+
+    Published executions come first, named `<Stage>/<execution id>`
+    (`<root>/<Stage>/<id>/<artifact>/logs`). Then the work folders
+    (`<root>/<Stage>/.work/<fp>/logs`, where a stage writes while it trains)
+    whose event files are not all published already: `<Stage>/running-<fp8>`
+    while the metadata store records the stage running with that
+    fingerprint, else `<Stage>/unpublished-<fp8>` (stopped or killed before
+    publishing). Folders holding no event file are left out.
+
+    Args:
+      root: the pipeline root.
+    Returns:
+      The `(name, folder)` pairs, in stage order, for `--logdir_spec`.
     """
     found = []
-    for stage in ("EncoderTrainer", "Trainer"):
+    for stage in LOG_STAGES:
         stage_dir = os.path.join(root, stage)
         if not os.path.isdir(stage_dir):
             continue
-        for dirpath, dirnames, filenames in sorted(os.walk(stage_dir)):
-            dirnames.sort()
-            if any(f.startswith("events.out.tfevents") for f in filenames):
-                rel = os.path.relpath(dirpath, stage_dir)
-                top = rel.split(os.sep)[0]
-                # One run per execution: the folder holding its event files' parents.
-                run_dir = os.path.join(stage_dir, top)
-                name = f"{stage}-{top.replace('.tmp-', 'running-')}"
-                if (name, run_dir) not in found and not top.startswith(".work"):
-                    found.append((name, run_dir))
+        published: set[str] = set()
+        executions = sorted((e for e in os.listdir(stage_dir) if e.isdigit()), key=int)
+        for execution in executions:
+            exec_dir = os.path.join(stage_dir, execution)
+            for artifact in sorted(os.listdir(exec_dir)) if os.path.isdir(exec_dir) else []:
+                logs = os.path.join(exec_dir, artifact, LOGS_DIR)
+                events = _event_files(logs)
+                if events:
+                    found.append((f"{stage}/{execution}", logs))
+                    published |= events
+        work_root = os.path.join(stage_dir, ".work")
+        if not os.path.isdir(work_root):
+            continue
+        running = {fp[:16] for fp in _running_fingerprints(root, stage)}
+        for fp in sorted(os.listdir(work_root)):
+            logs = os.path.join(work_root, fp, LOGS_DIR)
+            events = _event_files(logs)
+            # Event file names are unique (host, pid, time): all of them in
+            # an artifact means an execution published these very curves.
+            if events and not events <= published:
+                state = "running" if fp in running else "unpublished"
+                found.append((f"{stage}/{state}-{fp[:8]}", logs))
     return found
 
 
@@ -286,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the reference table of every key instead")
     p.set_defaults(func=_cmd_config)
 
-    p = add("tensorboard", help="TensorBoard on the Trainer's and EncoderTrainer's logs")
+    p = add("tensorboard", help="TensorBoard on the EncoderTrainer's and Trainer's curves, "
+                                "running stages included", description=TENSORBOARD_HELP)
     p.add_argument("--root", default="pipeline_root", help="pipeline root folder")
     p.add_argument("--port", type=int, default=6006, help="TensorBoard's port")
     p.add_argument("--host", default="127.0.0.1", help="TensorBoard's bind address")

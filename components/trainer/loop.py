@@ -279,7 +279,7 @@ class TrainingLoop:
     def _open_outputs(self) -> None:
         """TensorBoard writer, validator and the best-model rule."""
         import tensorflow as tf
-        self.writer = (tf.summary.create_file_writer(self.logs_dir) if self.chief
+        self.writer = (summaries.file_writer(self.logs_dir) if self.chief
                        else tf.summary.create_noop_writer())
         eval_set = self.inputs.eval_set
         self.validator = Validator(self.model, eval_set, self.inputs.id_to_word) \
@@ -412,6 +412,7 @@ class TrainingLoop:
                      + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
         if self.chief:
             checkpointing.append_history(self.phase_dir, row)
+        self.writer.flush()  # the epoch's curves reach `captioner tensorboard` now
         state.epoch.assign_add(1)
         state.step_in_epoch.assign(0)
         stop_reason = ""

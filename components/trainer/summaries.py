@@ -1,30 +1,14 @@
-"""TensorBoard summaries through `tf.summary.write` (the `tensorboard` package is optional).
+"""The Trainer's TensorBoard summaries: step scalars, attention images and captions.
 
-Each entry carries TensorBoard's plugin metadata (scalars, images, text), so
-the event files read as if written by `tf.summary.scalar` and friends.
+Scalars, the flushing writer and the plugin metadata come from
+`components.summary_writer` (shared with the EncoderTrainer); each entry
+carries TensorBoard's plugin metadata (scalars, images, text), so the event
+files read as if written by `tf.summary.scalar` and friends.
 """
 from __future__ import annotations
 
-
-def scalar_value(value) -> float:
-    """A Python float from a tensor, a (distributed or Keras) variable or a number."""
-    import tensorflow as tf
-    if hasattr(value, "value") and not isinstance(value, tf.Variable):
-        value = value.value  # a Keras variable
-    return float(tf.convert_to_tensor(value).numpy())
-
-
-def _summary_metadata(plugin: str):
-    from tensorflow.core.framework import summary_pb2
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=plugin))
-
-
-def summary_scalar(tag: str, value, step: int) -> None:
-    """A TensorBoard scalar."""
-    import tensorflow as tf
-    tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
-                     metadata=_summary_metadata("scalars"))
+from components.summary_writer import (  # noqa: F401  (the Trainer's modules use them from here)
+    FLUSH_SECONDS, file_writer, scalar_value, summary_metadata, summary_scalar, write_scalars)
 
 
 def summary_image(tag: str, image, step: int) -> None:
@@ -34,13 +18,13 @@ def summary_image(tag: str, image, step: int) -> None:
     height, width = int(pixels.shape[0]), int(pixels.shape[1])
     tensor = tf.stack([tf.constant(str(width)), tf.constant(str(height)),
                        tf.image.encode_png(pixels)])
-    tf.summary.write(tag, tensor, step=step, metadata=_summary_metadata("images"))
+    tf.summary.write(tag, tensor, step=step, metadata=summary_metadata("images"))
 
 
 def summary_text(tag: str, text: str, step: int) -> None:
     """A TensorBoard text entry."""
     import tensorflow as tf
-    tf.summary.write(tag, tf.constant(text), step=step, metadata=_summary_metadata("text"))
+    tf.summary.write(tag, tf.constant(text), step=step, metadata=summary_metadata("text"))
 
 
 def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
@@ -72,6 +56,4 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
             values[f"train/{key}"] = out[key]
     if out["loss_scale"] != 1.0:
         values["train/loss_scale"] = out["loss_scale"]
-    with writer.as_default():
-        for tag, value in values.items():
-            summary_scalar(tag, value, step)
+    write_scalars(writer, values, step)

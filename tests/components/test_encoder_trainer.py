@@ -154,3 +154,47 @@ def test_trains_from_a_stream_with_the_val_images_capped(tmp_path):
     assert props["words"] == words and props["epochs"] == 1
     assert 0.0 <= props["val_map"] <= 1.0 and 0.0 < props["chance_map"] <= 1.0
     assert tuple(backbone.output_shape[1:3]) == (4, 4)
+
+
+def _scalars(logs_dir) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] of the scalar summaries under `logs_dir`."""
+    import glob
+    import os
+
+    import tensorflow as tf
+    from tensorflow.python.summary.summary_iterator import summary_iterator
+    values: dict = {}
+    for path in sorted(glob.glob(os.path.join(str(logs_dir), "**", "events.out.tfevents.*"),
+                                 recursive=True)):
+        for event in summary_iterator(path):
+            for v in event.summary.value:
+                values.setdefault(v.tag, []).append((event.step, float(tf.make_ndarray(v.tensor))))
+    return values
+
+
+def test_stage_writes_per_epoch_scalars_to_its_work_folder_and_the_encoder(tmp_path):
+    uri, counts = _examples(tmp_path)
+    config = PipelineConfig(encoder=EncoderConfig(
+        image_size=32, width=4, grid_size=4, max_epochs=2, patience=5, batch_size=16,
+        shuffle_buffer=8, val_images=5, learning_rate=3e-3))
+    artifact = Artifact(type="Examples", uri=uri, counts=counts)
+    # A killed earlier attempt's curves: training never resumes, so they go.
+    stale = tmp_path / "logs" / "events.out.tfevents.0.stale"
+    stale.parent.mkdir()
+    stale.write_bytes(b"")
+    out, result = _run_stage(tmp_path, config, artifact)
+    assert not stale.exists()
+    epochs = result["properties"]["epochs"]
+    assert epochs == 2
+    work = _scalars(tmp_path / "logs")
+    for tag in ("encoder/loss", "encoder/val_map", "encoder/best_val_map",
+                "encoder/learning_rate", "encoder/epoch_seconds"):
+        assert [step for step, _ in work[tag]] == [1, 2], tag
+    history = result["properties"]["history"]
+    assert [v for _, v in work["encoder/loss"]] == pytest.approx([h["loss"] for h in history])
+    assert [v for _, v in work["encoder/val_map"]] == pytest.approx(
+        [h["val_map"] for h in history])
+    assert work["encoder/learning_rate"][0][1] == pytest.approx(3e-3)
+    assert work["encoder/best_val_map"][-1][1] == pytest.approx(result["properties"]["val_map"])
+    # The Encoder artifact carries the same curves.
+    assert _scalars(out / "logs") == work

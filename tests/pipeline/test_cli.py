@@ -129,25 +129,42 @@ def test_closed_pipe_ends_quietly():
 
 
 def test_tensorboard_finds_the_trainers_logs(tmp_path, capsys):
-    logs = tmp_path / "Trainer" / "4" / "model" / "logs" / "train"
-    logs.mkdir(parents=True)
-    (logs / "events.out.tfevents.1.host").write_bytes(b"")
-    (tmp_path / "Trainer" / ".work" / "abc" / "logs").mkdir(parents=True)
-    (tmp_path / "Trainer" / ".work" / "abc" / "logs" / "events.out.tfevents.2").write_bytes(b"")
-    assert cli.tensorboard_logdirs(str(tmp_path)) == [("Trainer-4",
-                                                       str(tmp_path / "Trainer" / "4"))]
+    published = tmp_path / "Trainer" / "4" / "model" / "logs"
+    (published / "train").mkdir(parents=True)
+    (published / "train" / "events.out.tfevents.1.host").write_bytes(b"")
+    # The work folder it was published from holds the same file: not listed twice.
+    work = tmp_path / "Trainer" / ".work" / "abc" / "logs"
+    work.mkdir(parents=True)
+    (work / "events.out.tfevents.1.host").write_bytes(b"")
+    assert cli.tensorboard_logdirs(str(tmp_path)) == [("Trainer/4", str(published))]
     assert cli.main(["tensorboard", "--root", str(tmp_path), "--print-only"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"tensorboard --logdir_spec=Trainer-4:{tmp_path / 'Trainer' / '4'}")
+    assert out.startswith(f"tensorboard --logdir_spec=Trainer/4:{published} --port 6006")
 
 
 def test_tensorboard_without_logs_says_what_to_run(tmp_path, capsys):
     assert cli.main(["tensorboard", "--root", str(tmp_path)]) == 1
-    assert "run the Trainer first" in capsys.readouterr().err
+    assert "run the EncoderTrainer or the Trainer first" in capsys.readouterr().err
 
 
-def test_tensorboard_is_installed():
-    import tensorboard  # noqa: F401  (install_requires)
+def test_tensorboard_help_says_what_it_shows(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["tensorboard", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("EncoderTrainer", "encoder/val_map", "train/*", "scst/*",
+                  "<Stage>/<execution id>", "<Stage>/running-<fp>", "<Stage>/unpublished-<fp>"):
+        assert shown in text, shown
+
+
+def test_tensorboard_is_installed_and_reads_the_printed_spec(tmp_path, capsys):
+    from tensorboard.backend.event_processing import data_ingester
+    logs = tmp_path / "EncoderTrainer" / "2" / "encoder" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "events.out.tfevents.1.host").write_bytes(b"")
+    assert cli.main(["tensorboard", "--root", str(tmp_path), "--print-only"]) == 0
+    spec = capsys.readouterr().out.split()[1].removeprefix("--logdir_spec=")
+    assert data_ingester._parse_event_files_spec(spec) == {
+        os.path.realpath(logs): "EncoderTrainer/2"}
 
 
 def test_default_log_is_quiet(tmp_path):

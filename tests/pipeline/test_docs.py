@@ -1,6 +1,8 @@
 """Generated docs must not go stale: the README's config reference, docs/ARTIFACTS.md."""
 import os
 
+import pytest
+
 from pipeline import docgen
 
 
@@ -28,3 +30,79 @@ def test_artifacts_doc_names_every_record_key():
     keys = [k for f in schema.EXAMPLE_FEATURES + schema.ANNOTATION_FEATURES for k in f.keys]
     assert keys and all(f"`{k}`" in text for k in keys)
     assert all(f"`{name}`" in text for name, _ in schema.DEAD_LETTER_FIELDS)
+
+
+# Keys whose comment names some values and then an open set (any path, any runner name):
+# no fixed list to check them against.
+OPEN_ENDED = {"encoder.weights", "preprocess.runner"}
+
+
+def _listed_choices(text: str) -> list[str]:
+    """The values a key's meaning lists as `a | b (why) | c: what it does`, in order.
+
+    An optional `qualifier: ` before the first value and a `: explanation`
+    after the last are not values; nor are parentheticals. Returns [] when
+    the text lists no values.
+    """
+    import re
+    parts = text.replace("\\|", "|").split(" | ")  # `p(y|s,a)` is a formula, not a list
+    if len(parts) < 2:
+        return []
+    cleaned = []
+    for part in parts:
+        while re.search(r"\([^()]*\)", part):
+            part = re.sub(r"\([^()]*\)", "", part)
+        cleaned.append(part.strip())
+    cleaned[0] = cleaned[0].rsplit(": ", 1)[-1].strip()
+    cleaned[-1] = cleaned[-1].split(": ", 1)[0].strip()
+    return cleaned
+
+
+def _reference_rows(markdown: str) -> dict[str, str]:
+    """key -> meaning of every row of a config reference table."""
+    rows = {}
+    for line in markdown.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0].strip("`")] = line.split(" | ", 3)[3].rstrip(" |")
+    return rows
+
+
+def _readme_reference() -> str:
+    with open(docgen.README, encoding="utf-8") as f:
+        text = f.read()
+    return text[text.index(docgen.START):text.index(docgen.END)]
+
+
+def test_listed_choices_reads_every_comment_style():
+    assert _listed_choices("synthetic (shapes) | scenes | tfds") == ["synthetic", "scenes", "tfds"]
+    assert _listed_choices("hard: sequence (paper: log p(y|s,a) per sample) | token (x)") == [
+        "sequence", "token"]
+    assert _listed_choices("auto | true | false: keep parsed records in memory") == [
+        "auto", "true", "false"]
+    assert _listed_choices("auto \\| float32") == ["auto", "float32"]
+    assert _listed_choices("steps between TensorBoard scalar summaries") == []
+
+
+def test_every_comment_that_lists_values_lists_exactly_the_validated_choices():
+    from components.config import CHOICES, describe_fields
+    comments = {key: comment for key, _, _, comment in describe_fields()}
+    assert set(CHOICES) <= set(comments)
+    for key, comment in comments.items():
+        listed = _listed_choices(comment)
+        if key in CHOICES:
+            assert listed == list(CHOICES[key]), (key, comment)
+        elif key not in OPEN_ENDED:
+            # A fixed list the validator does not know: add the key to CHOICES.
+            assert listed == [], (key, comment)
+
+
+@pytest.mark.parametrize("where", ["generated", "README"])
+def test_the_config_reference_lists_exactly_the_validated_choices(where):
+    from components.config import CHOICES
+    from pipeline.cli import config_reference_markdown
+    rows = _reference_rows(config_reference_markdown() if where == "generated"
+                           else _readme_reference())
+    assert set(CHOICES) <= set(rows), sorted(set(CHOICES) - set(rows))
+    for key, choices in CHOICES.items():
+        assert _listed_choices(rows[key]) == list(choices), (key, rows[key])
