@@ -23,15 +23,31 @@ Every stage execution writes `<root>/<Stage>/<execution_id>/<artifact>/`, each
 artifact folder holding an `artifact.json`:
 
 ```json
-{"type": "Examples", "schema_version": 1, "producer": "ExampleGen",
- "execution_id": 3, "fingerprint": "9f2c...", "inputs": {"examples": "/root/ExampleGen/1/examples"},
- "config": {...resolved PipelineConfig...}, "counts": {...}, "properties": {...}}
+{"type": "Annotations", "schema_version": 2, "producer": "Preprocess",
+ "execution_id": 3, "fingerprint": "9f2c...", "inputs": {"examples": "${root}/ExampleGen/1/examples"},
+ "config": {...resolved PipelineConfig...}, "counts": {...}, "properties": {...},
+ "files": {"train/annotations-00000-of-00001.tfrecord": {"size": 153855, "crc32c": "58f743c6"}, ...}}
 ```
+
+Paths inside the pipeline root, in `inputs` and in `properties` (a Model's
+folder, a serving folder under the root), are written `${root}/<path>` and
+read against the root the artifact lies in now (`Artifact.load`), so a root
+can be copied, moved or mounted elsewhere; paths outside it (a
+`push.serving_dir` elsewhere) stay absolute. `files` lists every file of the
+folder but `artifact.json` itself: its path relative to the folder, its size
+in bytes and its CRC-32C as 8 hex digits (`crc32`, zlib's, where no CRC-32C
+module is installed). A cache hit compares the sizes; `captioner run --verify`
+and `captioner inspect --verify` also compare the checksums
+([RELIABILITY.md](RELIABILITY.md#artifacts-on-disk-test_integritypy-test_relocatepy)).
+Artifacts of `schema_version` 1 hold absolute paths and no `files`: they are
+read as they are, paths under the root's former location taken as relative to
+it, and pass the checks unchecked.
 
 An execution is assembled in `<root>/<Stage>/.tmp-<execution_id>/` and
 published with one atomic `rename`; folders whose name starts with `.` are
 never read. The metadata store `<root>/metadata.sqlite` records executions,
-artifacts and lineage events (`captioner inspect`). `<root>/pipeline_config.json`
+artifacts (their folders relative to the root) and lineage events
+(`captioner inspect`, which shows the paths where they are now). `<root>/pipeline_config.json`
 holds the config `captioner run` last ran in this root (`{"config": name or
 path, "overrides": [...], "resolved": {...}}`); `run` without `--config`
 uses it.
