@@ -128,7 +128,8 @@ def _cmd_inspect(args) -> int:
     if "verify" in info:
         v = info["verify"]
         print(f"verify: {v['ok']} artifacts intact, {v['damaged']} damaged, {v['unchecked']} "
-              "unchecked (published before file lists were recorded)")
+              "unchecked (published before file lists were recorded)"
+              + (f", {v['missing']} missing (folder removed)" if v["missing"] else ""))
         if v["damaged"]:
             print(f"  `captioner run --root {shlex.quote(args.root)} --verify` rebuilds the "
                   "damaged outputs the current config uses")

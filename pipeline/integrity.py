@@ -86,7 +86,8 @@ class Damage:
     Attributes:
       uri: the artifact folder.
       file: the file, relative to `uri`.
-      check: `size`, `crc32c`/`crc32`, or `artifact.json`.
+      check: `size` or `crc32c`/`crc32`; empty for an `artifact.json` that
+        is missing or cannot be read.
       detail: what was found, e.g. "is 512 bytes, 1024 recorded".
     """
     uri: str
@@ -99,7 +100,7 @@ class Damage:
         return os.path.join(self.uri, *self.file.split("/"))
 
     def __str__(self) -> str:
-        return f"{self.path} {self.detail} ({self.check} check)"
+        return f"{self.path} {self.detail}" + (f" ({self.check} check)" if self.check else "")
 
 
 def check_files(uri: str, files: Mapping[str, Mapping] | None, checksums: bool = False,
@@ -148,8 +149,10 @@ def check_artifact(uri: str, checksums: bool = False) -> tuple[Artifact | None, 
     try:
         art = Artifact.load(uri)
     except ArtifactError as e:
-        return None, Damage(uri, ARTIFACT_FILE, ARTIFACT_FILE, str(e).replace(uri, "", 1).strip()
-                            or "cannot be read")
+        if not os.path.exists(os.path.join(uri, ARTIFACT_FILE)):
+            return None, Damage(uri, ARTIFACT_FILE, "", "is missing")
+        # "<path> is damaged: <JSON error>", "<uri> is a Model, expected ...": the reason.
+        return None, Damage(uri, ARTIFACT_FILE, "", f"cannot be read ({str(e).split(': ', 1)[-1]})")
     return art, check_files(art.uri, art.files, checksums)
 
 
@@ -180,10 +183,14 @@ def verify_artifacts(rows: Sequence[Mapping]) -> dict[int, dict]:
       rows: `MetadataStore.artifacts()`.
     Returns:
       artifact id -> {"status": "ok" | "damaged" | "unchecked" (no file list:
-      published before they were recorded), "problem": text or None}.
+      published before they were recorded) | "missing" (its folder was
+      removed), "problem": text or None}.
     """
     results = {}
     for row in rows:
+        if not os.path.isdir(row["uri"]):  # an execution pruned by hand: nothing to damage
+            results[row["id"]] = {"status": "missing", "problem": None}
+            continue
         art, damage = check_artifact(row["uri"], checksums=True)
         if damage is not None:
             results[row["id"]] = {"status": "damaged", "problem": str(damage)}
@@ -205,7 +212,7 @@ def add_verification(info: dict, checked: Mapping[int, Mapping]) -> None:
             e["verify"] = dict(checked.get(e["artifact_id"],
                                            {"status": "unchecked", "problem": None}))
     info["verify"] = {k: sum(1 for v in checked.values() if v["status"] == k)
-                      for k in ("ok", "damaged", "unchecked")}
+                      for k in ("ok", "damaged", "unchecked", "missing")}
 
 
 # Errors that say for sure that bytes read were damaged (TensorFlow's record
@@ -308,10 +315,10 @@ def damaged_read_message(stage: str, inputs: Mapping[str, Artifact], read: Damag
         if read.file and os.path.abspath(read.file).startswith(os.path.abspath(work_dir)):
             return (f"{stage} failed: its resume state is damaged ({read.reason}{where}): "
                     f"remove {work_dir} and run it again")
-        return (f"{stage} failed reading damaged data ({read.reason}{where}); no input "
-                f"artifact ({', '.join(sorted(inputs)) or 'none'}) fails its size or checksum "
-                f"check, so the damage is in data it reads from elsewhere (its config's "
-                f"input files, {work_dir})")
+        return (f"{stage} failed reading damaged data ({read.reason}{where}), and none of "
+                f"its input artifacts ({', '.join(sorted(inputs)) or 'none'}) fails its size "
+                f"or checksum check: the damage is in its resume state (remove {work_dir} "
+                f"to start it over) or in a file its config names")
     in_name, art, rel, damage = found
     what = (f"{os.path.join(art.uri, *rel.split('/'))} " +
             (f"{damage.detail} ({damage.check} check, {read.reason})" if damage

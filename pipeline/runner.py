@@ -445,7 +445,7 @@ def inspect(root: str, verify: bool = False) -> dict:
     Returns:
       {"root", "executions": [...]}, artifact paths as they resolve now; with
       `verify`, each output gets a `verify` entry ({"status": ok | damaged |
-      unchecked, "problem"}) and `verify` counts them ({"ok": n, ...}).
+      unchecked | missing, "problem"}) and `verify` counts them ({"ok": n, ...}).
     """
     db = os.path.join(root, "metadata.sqlite")
     if not os.path.exists(db):

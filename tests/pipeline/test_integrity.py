@@ -101,7 +101,7 @@ def test_inspect_verify_reports_a_flipped_then_a_truncated_file(finished, capsys
     # Every size is compared before any checksum: the truncated shard is named first.
     size, cut = _truncate(truncated)
     info = inspect(str(root), verify=True)
-    assert info["verify"] == {"ok": 2, "damaged": 1, "unchecked": 0}
+    assert info["verify"] == {"ok": 2, "damaged": 1, "unchecked": 0, "missing": 0}
     [w] = [x for x in info["executions"] if x["stage"] == "W"]
     assert w["outputs"][0]["verify"] == {
         "status": "damaged",
@@ -173,7 +173,8 @@ def test_artifacts_without_a_file_list_are_reused_and_reported_unchecked(finishe
         with open(os.path.join(uri, ARTIFACT_FILE), "w") as f:
             json.dump(meta, f)
     assert _statuses(_run(root, verify=True)) == {"W": "cached", "R": "cached", "T": "cached"}
-    assert inspect(str(root), verify=True)["verify"] == {"ok": 0, "damaged": 0, "unchecked": 3}
+    assert inspect(str(root), verify=True)["verify"] == {"ok": 0, "damaged": 0, "unchecked": 3,
+                                                         "missing": 0}
 
 
 def test_a_damaged_artifact_json_reruns_its_producer(finished):
@@ -184,7 +185,8 @@ def test_a_damaged_artifact_json_reruns_its_producer(finished):
     log = []
     assert _statuses(_run(root, log=log)) == {"W": "cached", "R": "ran", "T": "cached"}
     [line] = [x for x in log if "not reusing" in x]
-    assert "its out is damaged: " in line and "is damaged: Expecting" in line
+    assert line.startswith(f"[R] not reusing execution 2: its out is damaged: {path} cannot be "
+                           "read (Expecting")
 
 
 def test_a_parse_failure_not_traced_to_an_input_keeps_its_own_error(finished, monkeypatch):
@@ -217,3 +219,27 @@ def test_a_rebuilt_upstream_stage_reruns_the_unselected_stages_after_it(tmp_path
     # A fails its size check; B, not selected either, reads A's new output: it runs too.
     assert _statuses(run(["C"])) == {"A": "ran", "B": "ran", "C": "ran"}
     assert _statuses(run(["C"])) == {"C": "cached"}
+
+
+def test_inspect_verify_counts_a_removed_execution_as_missing_not_damaged(finished, capsys):
+    import shutil
+    root, summary = finished
+    shutil.rmtree(os.path.dirname(summary["stages"]["T"]["outputs"]["out"]))
+    assert cli.main(["inspect", "--root", str(root), "--verify"]) == 0
+    assert ("verify: 2 artifacts intact, 0 damaged, 0 unchecked (published before file lists "
+            "were recorded), 1 missing (folder removed)") in capsys.readouterr().out
+
+
+def test_damaged_data_not_found_in_any_input_points_at_the_resume_state(finished, monkeypatch):
+    import tensorflow as tf
+
+    def reads_a_bad_checkpoint(ctx):
+        raise tf.errors.DataLossError(None, None, "truncated record at 12")
+    monkeypatch.setattr(records, "run", reads_a_bad_checkpoint)
+    with pytest.raises(StageError) as caught:
+        _run(finished[0], stages=["R"], use_cache=False)
+    message = str(caught.value)
+    assert message.startswith("R failed reading damaged data (DataLossError: truncated record "
+                              "at 12), and none of its input artifacts (x) fails its size or "
+                              "checksum check: the damage is in its resume state (remove ")
+    assert os.path.join(str(finished[0]), "R", ".work") in message

@@ -154,7 +154,7 @@ def test_an_older_root_that_was_moved_reads_its_absolute_paths_as_relative(tmp_p
     assert pushed.properties["model_uri"] == str(moved / "B" / "6" / "out")
     assert pushed.files is None
     assert inspect(str(moved), verify=True)["verify"] == {"ok": 0, "damaged": 0,
-                                                          "unchecked": 7}
+                                                          "unchecked": 7, "missing": 0}
     # New executions in the older store are recorded relative to the root.
     assert _statuses(_run(moved, ["train.batch_size=5"]))["B"] == "ran"
     with sqlite3.connect(os.path.join(moved, "metadata.sqlite")) as db:
