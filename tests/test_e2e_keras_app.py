@@ -19,8 +19,9 @@ IMAGE_SIZE, GRID = 48, [3, 3, 512]
 
 
 def _properties(artifact_uri):
-    with open(os.path.join(artifact_uri, "artifact.json")) as f:
-        return json.load(f)["properties"]
+    """An artifact's properties, paths resolved against the root it lies in."""
+    from components.artifacts import Artifact
+    return dict(Artifact.load(artifact_uri).properties)
 
 
 @pytest.fixture(scope="module")
