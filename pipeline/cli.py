@@ -103,6 +103,8 @@ def _cmd_inspect(args) -> int:
     info = inspect(args.root, verify=args.verify)
     # With --verify, a damaged artifact makes the exit status 1 (for scripts and CI).
     status = 1 if info.get("verify", {}).get("damaged") else 0
+    for x in info["executions"]:
+        x.update(_blessing_of(x))
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return status
@@ -121,6 +123,8 @@ def _cmd_inspect(args) -> int:
                 else f"  [{check['status']}]")
             print(f"       -> {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}"
                   + shown)
+        if "blessing" in x:
+            _print_blessing(x["blessing"])
         if x["counts"]:
             print(f"       counts {json.dumps(x['counts'], default=str)}")
         if x["error"]:
@@ -134,6 +138,36 @@ def _cmd_inspect(args) -> int:
             print(f"  `captioner run --root {shlex.quote(args.root)} --verify` rebuilds the "
                   "damaged outputs the current config uses")
     return status
+
+
+def _blessing_of(execution: dict) -> dict:
+    """`{"blessing": ...}`: an Evaluator execution's verdict, reasons and comparison rows."""
+    from components.artifacts import Artifact, ArtifactError
+    for e in execution["outputs"]:
+        if e["type"] != "Blessing" or execution["state"] != "complete":
+            continue
+        try:
+            props = Artifact.load(e["uri"]).properties
+        except ArtifactError:
+            return {}
+        baseline = props.get("baseline") or {}
+        return {"blessing": {"blessed": props.get("blessed"), "reasons": props.get("reasons", []),
+                             "baseline": baseline.get("serving_model_uri"),
+                             "comparison": props.get("comparison", [])}}
+    return {}
+
+
+def _print_blessing(blessing: dict) -> None:
+    from components.metrics.blessing import format_rows
+    verdict = "BLESSED" if blessing["blessed"] else "NOT BLESSED"
+    against = (f" against {blessing['baseline']}" if blessing["baseline"]
+               else " (first push: no baseline)")
+    print(f"       {verdict}{against}")
+    if blessing["baseline"] and blessing["comparison"]:
+        for line in format_rows(blessing["comparison"]):
+            print(f"         {line}")
+    for reason in blessing["reasons"]:
+        print(f"         reason: {reason}")
 
 
 def _cmd_config(args) -> int:

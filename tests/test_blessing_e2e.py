@@ -44,7 +44,7 @@ def chain(tmp_path_factory):
             summary = json.load(f)
         stages = summary["stages"]
         results[name] = {
-            "summary": summary, "log": proc.stderr,
+            "root": root, "summary": summary, "log": proc.stderr,
             "evaluation": _properties(stages["Evaluator"]["outputs"]["evaluation"]),
             "evaluation_uri": stages["Evaluator"]["outputs"]["evaluation"],
             "blessing": _properties(stages["Evaluator"]["outputs"]["blessing"]),
@@ -105,3 +105,15 @@ def test_a_baseline_from_other_data_is_scored_again_on_the_current_test_split(ch
     old = chain["seed 0"]["evaluation"]["metrics"]
     assert baseline["metrics"]["CIDEr"] != old["CIDEr"]  # not its old number
     assert _rows(result)["CIDEr"]["baseline"] == pytest.approx(baseline["metrics"]["CIDEr"])
+
+
+def test_inspect_shows_the_comparison_and_the_verdict(chain):
+    root = chain["1 epoch"]["root"]
+    out = _captioner("inspect", "--root", root).stdout
+    assert "NOT BLESSED against" in out and "(first push: no baseline)" in out
+    cider = [line for line in out.splitlines() if line.strip().startswith("CIDEr ")]
+    assert any(line.rstrip().endswith("fail") for line in cider), out[-3000:]
+    assert any(line.rstrip().endswith("pass") for line in cider)
+    executions = json.loads(_captioner("inspect", "--root", root, "--json").stdout)["executions"]
+    verdicts = [x["blessing"]["blessed"] for x in executions if "blessing" in x]
+    assert verdicts.count(False) == 1 and verdicts.count(True) >= 3

@@ -3,7 +3,7 @@
     captioner run --config demo --root demo_output/pipeline     (or: make demo)
 
 The whole pipeline takes about 5 minutes on 2 CPU cores with native bfloat16
-and about 13 without (see README for the measured time and metrics; soft
+and 12-15 without (see README for the measured time and metrics; soft
 attention reaches Bleu_4 >= 0.75 and CIDEr >= 5 on the test split).
 """
 from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
