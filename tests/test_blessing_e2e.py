@@ -116,4 +116,4 @@ def test_inspect_shows_the_comparison_and_the_verdict(chain):
     assert any(line.rstrip().endswith("pass") for line in cider)
     executions = json.loads(_captioner("inspect", "--root", root, "--json").stdout)["executions"]
     verdicts = [x["blessing"]["blessed"] for x in executions if "blessing" in x]
-    assert verdicts.count(False) == 1 and verdicts.count(True) >= 3
+    assert verdicts.count(True) == 3 and verdicts.count(False) >= 1  # the seeds; 1 epoch
