@@ -248,6 +248,7 @@ class Runner:
             produced: dict[str, dict[str, Artifact]] = {}
             needed = self._needed(selected)
             rebuilt: set[str] = set()  # stages not selected that ran because of damage
+            ran: set[str] = set()  # stages that ran in this run
             for spec in self.stages:
                 if spec.name not in needed:
                     continue
@@ -279,6 +280,13 @@ class Runner:
                         # one that was: rebuilt, not refused.
                         result = self._run_stage(store, spec, inputs, fp, reuse=False)
                         rebuilt.add(spec.name)
+                    elif ran & {up for up, _ in spec.inputs.values()}:
+                        # Between a stage that just ran and a selected one (the
+                        # Exporter of `--stages Trainer,Evaluator`): it runs too.
+                        self.log(f"[{spec.name}] runs too: it reads the new output of "
+                                 f"{', '.join(sorted(ran & {u for u, _ in spec.inputs.values()}))}"
+                                 " and feeds the selected stages")
+                        result = self._run_stage(store, spec, inputs, fp)
                     else:
                         raise StageError(
                             f"{spec.name} has no outputs for the current config"
@@ -289,6 +297,8 @@ class Runner:
                                               {"base": base, "inputs": external})
                     if changes:
                         result["changed_inputs"] = changes
+                if result["status"] == "ran":
+                    ran.add(spec.name)
                 produced[spec.name] = result.pop("artifacts")
                 if spec.name in selected or result["status"] == "ran":
                     summary["stages"][spec.name] = result

@@ -62,6 +62,22 @@ def test_selected_stages_resolve_upstream_from_cache(tmp_path):
     assert _statuses(summary) == {"B": "ran"}
 
 
+def test_a_stage_between_one_that_ran_and_a_selected_one_runs_too(tmp_path):
+    """`--stages Trainer,Evaluator` runs the Exporter between them (here A, C and B)."""
+    logged = []
+    _run(tmp_path)
+    config = config_lib.apply_overrides(config_lib.PipelineConfig(), ["data.seed=4"])
+    summary = Runner(config, str(tmp_path), stages=fake_stages.STAGES,
+                     log=logged.append).run(["A", "C"])
+    assert _statuses(summary) == {"A": "ran", "B": "ran", "C": "ran"}
+    out = Artifact.load(summary["stages"]["C"]["outputs"]["out"])
+    assert open(out.path("value.txt")).read() == "a4-b64-c3"
+    assert any(line.startswith("[B] runs too: it reads the new output of A") for line in logged)
+    # Nothing upstream ran: an unselected stage without outputs is still refused.
+    with pytest.raises(StageError, match="B has no outputs for the current config"):
+        _run(tmp_path, ["data.seed=4", "train.batch_size=3"], stages=["A", "C"])
+
+
 def test_deleted_output_is_not_reused(tmp_path):
     first = _run(tmp_path)
     os.remove(os.path.join(first["stages"]["B"]["outputs"]["out"], "artifact.json"))
