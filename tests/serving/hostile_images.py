@@ -1,0 +1,105 @@
+"""Images that are small on the wire and costly to decode (decode-work tests, benchmarks).
+
+- `repeated_scan_jpeg`: a progressive JPEG whose last scan is repeated: a
+  uniform image's scan is a few bytes, and the decoder walks every block of
+  the image once per scan.
+- `interlaced_png`: an Adam7 PNG (PIL writes none), built with zlib.
+- `many_frame_gif`: a GIF of many frames (PIL's own encoder).
+"""
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from typing import Sequence, Tuple
+
+import numpy as np
+
+# Adam7: (x start, y start, x step, y step) of the seven passes.
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+          (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def jpeg(size: Tuple[int, int], color=(128, 128, 128), noise: float = 0.0, **save) -> bytes:
+    """A JPEG written by PIL (`save`: PIL's JPEG options, e.g. progressive=True).
+
+    Args:
+      size: (width, height).
+      color: the base colour.
+      noise: standard deviation of Gaussian noise added to a smooth gradient
+        (0: a uniform image), for photo-like entropy-coded data.
+      **save: passed to `Image.save`.
+    Returns:
+      The encoded bytes.
+    """
+    from PIL import Image
+    width, height = size
+    if noise:
+        rng = np.random.default_rng(0)
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack([x * 255.0 / width, y * 255.0 / height,
+                         np.full((height, width), color[2], float)], -1)
+        pixels = np.clip(base + rng.normal(0, noise, base.shape), 0, 255).astype(np.uint8)
+        image = Image.fromarray(pixels)
+    else:
+        image = Image.new("RGB", size, color)
+    out = io.BytesIO()
+    image.save(out, format="JPEG", **save)
+    return out.getvalue()
+
+
+def repeated_scan_jpeg(side: int, repeats: int, color=(128, 128, 128)) -> bytes:
+    """A progressive side x side JPEG whose last scan appears `repeats` more times.
+
+    The segment from the last SOS marker to just before EOI is copied
+    `repeats` times before EOI: libjpeg-turbo warns about the bogus
+    progression and decodes every copy.
+    """
+    data = jpeg((side, side), color, progressive=True)
+    last = data.rfind(b"\xff\xda")
+    eoi = data.rfind(b"\xff\xd9")
+    return data[:eoi] + data[last:eoi] * repeats + data[eoi:]
+
+
+def _chunk(kind: bytes, payload: bytes) -> bytes:
+    return (struct.pack(">I", len(payload)) + kind + payload
+            + struct.pack(">I", zlib.crc32(kind + payload) & 0xFFFFFFFF))
+
+
+def interlaced_png(pixels: np.ndarray) -> bytes:
+    """An Adam7-interlaced 8-bit RGB PNG of `pixels` ((H, W, 3) uint8)."""
+    height, width = pixels.shape[:2]
+    raw = bytearray()
+    for x0, y0, dx, dy in _ADAM7:
+        sub = pixels[y0::dy, x0::dx]
+        if sub.size == 0:
+            continue
+        for row in sub:  # filter type 0 per row
+            raw += b"\x00" + row.tobytes()
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 1)
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header)
+            + _chunk(b"IDAT", zlib.compress(bytes(raw), 6)) + _chunk(b"IEND", b""))
+
+
+def many_frame_gif(size: Tuple[int, int], frames: int) -> bytes:
+    """A GIF of `frames` frames of `size` (width, height), alternating two colours."""
+    from PIL import Image
+    images = [Image.new("P", size, i % 2) for i in range(frames)]
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:],
+                   optimize=False, disposal=0)
+    return out.getvalue()
+
+
+def animated_webp(size: Tuple[int, int], frames: int) -> bytes:
+    """An animated WebP (VP8X with ANMF chunks) of `frames` frames of `size`."""
+    from PIL import Image
+    images = [Image.new("RGB", size, (i * 40 % 256, 0, 0)) for i in range(frames)]
+    out = io.BytesIO()
+    images[0].save(out, format="WEBP", save_all=True, append_images=images[1:], duration=50)
+    return out.getvalue()
+
+
+def scans_of(data: bytes) -> Sequence[int]:
+    """Offsets of the SOS markers a naive byte search finds (tests compare with the parser)."""
+    return [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xDA]
