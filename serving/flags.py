@@ -34,6 +34,9 @@ class ServeDefaults:
     max_images_per_request: int = 1000
     max_request_pixels: int = 80_000_000
     decode_memory_budget_mb: int = 2048
+    # Pixel-passes (serving/decode_work.py): twice a 40 Mpx progressive CMYK
+    # JPEG's 0.96 G, the most any common encoder writes at the pixel limit.
+    max_decode_work: int = 2_000_000_000
     max_threads: int = 64
     max_load_retries: int = 5
 
@@ -214,6 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
                      default=DEFAULTS.decode_memory_budget_mb,
                      help="server-wide memory that requests in progress may need together; "
                           "beyond it RESOURCE_EXHAUSTED / 429 (0: no budget)")
+    lim.add_argument("--max-decode-work", type=int, default=DEFAULTS.max_decode_work,
+                     help="refuse images whose estimated decode work exceeds this many "
+                          "pixel-passes: pixels x passes, a JPEG's scans, a PNG's 7 "
+                          "interlacing passes, a GIF's or WebP's frames (0: no limit)")
+    lim.add_argument("--decode-work-budget", type=int, default=None,
+                     help="pixel-passes that expensive requests in progress may hold "
+                          "together; more wait, up to their deadline, and one request may "
+                          "need no more (default: twice --max-decode-work; 0: no CPU "
+                          "admission)")
     bat = p.add_argument_group("batching")
     bat.add_argument("--enable-batching", "--enable_batching", dest="enable_batching",
                      default=False, **flag, help="batch concurrent requests (TF Serving semantics)")

@@ -3,8 +3,10 @@
 Checks happen in TF Serving's order, with its status codes: model and
 version (NOT_FOUND), signature (FAILED_PRECONDITION), input names, dtypes,
 tensor parsing, output filter (INVALID_ARGUMENT); then shapes and image
-headers, then the request-wide limits (images, pixels) and the decode-memory
-budget (`serving/admission.py`), then the run itself, whose TensorFlow errors
+headers, then the request-wide limits (images, pixels), the decode work of
+each image and of the request (`serving/work_admission.py`), then the run:
+admitted by its decode work (it may wait for CPU, up to its deadline) and
+by the decode-memory budget (`serving/admission.py`). TensorFlow errors
 keep their code. Counts are read from tensor shapes before any tensor is
 materialized: TensorProto's padding rule lets one string fill any shape.
 """
@@ -23,6 +25,7 @@ from serving.admission import DecodeBudget
 from serving.errors import invalid_argument
 from serving.model_manager import ModelManager
 from serving.servable import Servable, Signature
+from serving.work_admission import LIGHT_FRACTION, WorkScheduler, request_work
 from serving.tensors import (DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray,
                              tensor_shape)
 from serving.tensors import ndarray_to_tensor_proto
@@ -45,18 +48,33 @@ class Predictor:
         of all images of one request together; 0: no limit.
       budget: the server-wide decode-memory budget every run reserves its
         estimated bytes from; None: no budget.
+      max_decode_work: most decode work (pixel-passes, `serving/decode_work.py`)
+        of one image; 0: no limit.
+      decode_work_budget: pixel-passes that expensive requests in progress
+        may hold together, and the most one request may need; None: twice
+        `max_decode_work`; 0: no CPU admission.
+      decode_lanes: expensive requests that may run at once; None: one less
+        than TensorFlow's inter-op threads (`work_admission.default_lanes`).
     """
 
     def __init__(self, manager: Optional[ModelManager] = None,
                  max_tensor_elements: Optional[int] = None, metrics=None,
                  max_images: int = 0, max_request_pixels: int = 0,
-                 budget: Optional[DecodeBudget] = None):
+                 budget: Optional[DecodeBudget] = None, max_decode_work: int = 0,
+                 decode_work_budget: Optional[int] = None,
+                 decode_lanes: Optional[int] = None):
         self.manager = manager
         self.max_tensor_elements = max_tensor_elements
         self.metrics = metrics
         self.max_images = max(max_images, 0)
         self.max_request_pixels = max(max_request_pixels, 0)
         self.budget = budget if budget is not None else DecodeBudget(0)
+        self.max_decode_work = max(max_decode_work, 0)
+        work_budget = (2 * self.max_decode_work if decode_work_budget is None
+                       else max(decode_work_budget, 0))
+        self.work = WorkScheduler(
+            work_budget, light_work=(self.max_decode_work or work_budget // 2) // LIGHT_FRACTION,
+            lanes=decode_lanes if work_budget else 1)
 
     def resolve(self, spec: model_pb2.ModelSpec) -> Servable:
         """The servable a ModelSpec names (NOT_FOUND / INVALID_ARGUMENT)."""
@@ -65,19 +83,29 @@ class Predictor:
 
     # -- Predict -----------------------------------------------------------
 
-    def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
-        """PredictionService.Predict."""
-        return self.predict_on(request, self.resolve(request.model_spec))
+    def predict(self, request: predict_pb2.PredictRequest,
+                deadline: Optional[float] = None) -> predict_pb2.PredictResponse:
+        """PredictionService.Predict.
 
-    def predict_on(self, request: predict_pb2.PredictRequest,
-                   servable: Servable) -> predict_pb2.PredictResponse:
+        Args:
+          request: the request.
+          deadline: `time.monotonic()` time after which nothing is started
+            (DEADLINE_EXCEEDED); None: none.
+        Returns:
+          The response.
+        """
+        return self.predict_on(request, self.resolve(request.model_spec), deadline)
+
+    def predict_on(self, request: predict_pb2.PredictRequest, servable: Servable,
+                   deadline: Optional[float] = None) -> predict_pb2.PredictResponse:
         """Predict on a given servable (also the warmup replay path)."""
+        self.work.check_deadline(deadline)
         signature = servable.signature(request.model_spec.signature_name)
         inputs = self.parse_inputs(servable, signature, request.inputs,
                                    max_elements=self.max_tensor_elements,
                                    max_images=self.max_images)
         aliases = output_aliases(signature, request.output_filter)
-        outputs = self.run(servable, signature, inputs)
+        outputs = self.run(servable, signature, inputs, deadline)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = servable.name
         response.model_spec.version.value = servable.version
@@ -120,11 +148,21 @@ class Predictor:
                 raise invalid_argument(f"tensor parsing error: {alias} ({e})") from None
         return arrays
 
-    def run(self, servable: Servable, signature: Signature, inputs: Arrays) -> Arrays:
+    def run(self, servable: Servable, signature: Signature, inputs: Arrays,
+            deadline: Optional[float] = None) -> Arrays:
         """Checks shapes and images, then runs (batched when configured).
 
-        The run's wall time (batch queueing included) goes to the runtime
-        latency metric.
+        Args:
+          servable: the version.
+          signature: its signature to run.
+          inputs: alias -> array.
+          deadline: `time.monotonic()` time after which the run must not
+            start; None: none.
+        Returns:
+          The outputs, alias -> array.
+
+        The run's wall time after admission (batch queueing included) goes
+        to the runtime latency metric.
         """
         check_counts({alias: (array.shape, array.dtype == object)
                       for alias, array in inputs.items()}, self.max_images)
@@ -140,10 +178,12 @@ class Predictor:
             if array.ndim >= 1 and array.shape[0] == 0:
                 raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
                                        f"(shape {list(array.shape)}); send at least one")
-        started = time.perf_counter()
-        with self.budget.reserve(cost.bytes, f"a request of {cost.images} images"
-                                 if cost.images else "a request"):
-            outputs = servable.run(signature, inputs)
+        work, _ = request_work(inputs, self.max_decode_work, self.work.budget)
+        what = f"a request of {cost.images} images" if cost.images else "a request"
+        with self.work.admit(work, deadline, what):
+            started = time.perf_counter()
+            with self.budget.reserve(cost.bytes, what):
+                outputs = servable.run(signature, inputs)
         if self.metrics is not None:
             self.metrics.record_runtime(servable.name, "Predict",
                                         1e6 * (time.perf_counter() - started))

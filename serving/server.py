@@ -17,8 +17,9 @@ TF Serving works unchanged against it:
   (`serving/model_manager.py`), optional dynamic batching
   (`serving/batch_scheduler.py`), image pixel limits checked from headers
   (`serving/image_headers.py`), per-request image and pixel limits and a
-  server-wide decode-memory budget (`serving/admission.py`), TLS on both
-  ports.
+  server-wide decode-memory budget (`serving/admission.py`), decode-work
+  limits and CPU admission with deadlines (`serving/work_admission.py`), TLS
+  on both ports.
 
 Command line (`captioner serve` calls `main`; flags in `serving/flags.py`,
 tensorflow_model_server's included):
@@ -56,6 +57,7 @@ from serving.metrics import ServingMetrics
 from serving.model_manager import ModelManager, ModelSource, VersionPolicy, sources_from_config
 from serving.predictor import Predictor
 from serving.rest import RestServer
+from serving.work_admission import grpc_deadline
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,9 @@ class _PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer)
         self.metrics = metrics
 
     def Predict(self, request, context):
-        return _handle(context, self.predictor.predict, request, self.metrics, "Predict")
+        deadline = grpc_deadline(context)  # nothing starts once the client gave up
+        return _handle(context, lambda r: self.predictor.predict(r, deadline), request,
+                       self.metrics, "Predict")
 
     def GetModelMetadata(self, request, context):
         return _handle(context, self.predictor.metadata, request)
@@ -188,6 +192,13 @@ class ModelServer:
         together (estimated before decoding, `serving/admission.py`); a
         request that does not fit gets RESOURCE_EXHAUSTED (REST 429); 0: no
         budget.
+      max_decode_work: most decode work (pixel-passes) of one image
+        (`serving/decode_work.py`); 0: no limit.
+      decode_work_budget: pixel-passes that expensive requests in progress
+        may hold together (`serving/work_admission.py`); None: twice
+        `max_decode_work`; 0: no CPU admission.
+      decode_lanes: expensive requests decoding at once; None: TensorFlow's
+        inter-op threads less one.
       max_threads: gRPC worker threads (concurrent requests in progress).
       config_poll_seconds: seconds between re-reads of `model_config_file`;
         <= 0: read once; None: at every file-system poll.
@@ -216,6 +227,8 @@ class ModelServer:
                  max_images_per_request: int = _DEFAULTS.max_images_per_request,
                  max_request_pixels: int = _DEFAULTS.max_request_pixels,
                  decode_memory_budget_mb: int = _DEFAULTS.decode_memory_budget_mb,
+                 max_decode_work: int = _DEFAULTS.max_decode_work,
+                 decode_work_budget: Optional[int] = None, decode_lanes: Optional[int] = None,
                  max_threads: int = _DEFAULTS.max_threads,
                  config_poll_seconds: Optional[float] = None, rest_threads: Optional[int] = None,
                  metrics_path: Optional[str] = None, warmup: bool = True,
@@ -266,7 +279,9 @@ class ModelServer:
         self.predictor = Predictor(
             max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None,
             metrics=self.metrics, max_images=max_images_per_request,
-            max_request_pixels=max_request_pixels, budget=self.budget)
+            max_request_pixels=max_request_pixels, budget=self.budget,
+            max_decode_work=max_decode_work, decode_work_budget=decode_work_budget,
+            decode_lanes=decode_lanes)
         self.manager: Optional[ModelManager] = None
         self.health = health.HealthServicer()
         self.grpc_port: Optional[int] = None
@@ -517,6 +532,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             max_images_per_request=args.max_images_per_request,
             max_request_pixels=args.max_request_pixels,
             decode_memory_budget_mb=args.decode_memory_budget_mb,
+            max_decode_work=args.max_decode_work, decode_work_budget=args.decode_work_budget,
             max_threads=args.max_threads, config_poll_seconds=args.config_poll_seconds,
             rest_threads=args.rest_threads or None, metrics_path=metrics_path,
             warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,
