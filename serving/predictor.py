@@ -178,7 +178,7 @@ class Predictor:
             if array.ndim >= 1 and array.shape[0] == 0:
                 raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
                                        f"(shape {list(array.shape)}); send at least one")
-        work, _ = request_work(inputs, self.max_decode_work, self.work.budget)
+        work, _ = request_work(inputs, self.max_decode_work, self.work.budget, cost.headers)
         what = f"a request of {cost.images} images" if cost.images else "a request"
         with self.work.admit(work, deadline, what):
             started = time.perf_counter()

@@ -58,6 +58,7 @@ from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from serving.metrics import ServingMetrics
 from serving.predictor import SIGNATURE_DEF, Predictor, check_counts, output_aliases
 from serving.servable import DEFAULT_SIGNATURE
+from serving.work_admission import mark_pool
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,9 @@ class RestServer:
         self.port = self._socket.getsockname()[1]
         self.scheme = "https" if ssl_cert else "http"
         threads = num_threads or 4 * (os.cpu_count() or 1)
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rest")
+        # Marked so that requests waiting for decode capacity leave it threads.
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rest",
+                                            initializer=mark_pool, initargs=("rest", threads))
         app = _RestApp(predictor, max_request_bytes, self._executor, metrics, metrics_path)
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, access_log=False, ws="none",

@@ -33,10 +33,15 @@ Arrays = Dict[str, np.ndarray]
 
 
 class InputCost(NamedTuple):
-    """What checked inputs will cost to run: images, their decoded pixels, estimated bytes."""
+    """What checked inputs will cost to run: images, their decoded pixels, estimated bytes.
+
+    `headers` holds `(alias, flat index, ImageInfo or None)` of every string
+    element, so later checks (decode work) need not read the headers again.
+    """
     images: int
     pixels: int
     bytes: int
+    headers: tuple = ()
 
 
 @dataclass
@@ -123,6 +128,7 @@ class Servable:
         """
         self.check_input_names(signature, inputs)
         images = pixels = cost = 0
+        headers = []
         for index, (alias, spec) in enumerate(sorted(signature.inputs.items())):
             array = inputs[alias]
             want = np.dtype(object) if spec.dtype == tf.string else spec.dtype.as_numpy_dtype
@@ -134,25 +140,33 @@ class Servable:
                     f"input {alias}: shape {list(array.shape)} is not compatible with "
                     f"the signature's {_shape_str(spec.shape)}")
             if spec.dtype == tf.string:
-                count, alias_pixels, alias_cost = self._check_images(alias, array)
+                count, alias_pixels, alias_cost = self._check_images(alias, array, headers)
                 images += count
                 pixels += alias_pixels
                 cost += alias_cost
             else:
                 cost += 2 * array.nbytes  # the array and its tensor
-        return InputCost(images, pixels, cost)
+        return InputCost(images, pixels, cost, tuple(headers))
 
-    def _check_images(self, alias: str, array: np.ndarray):
-        """(images, pixels, estimated bytes) of a string input; INVALID_ARGUMENT on a bad header."""
+    def _check_images(self, alias: str, array: np.ndarray, headers: list):
+        """(images, pixels, estimated bytes) of a string input; INVALID_ARGUMENT on a bad header.
+
+        Appends `(alias, index, info)` of every element to `headers`.
+        """
         pixels = cost = 0
         flat = array.reshape(-1)
+        # TensorProto's padding rule repeats one object: read its header once.
+        seen: Dict[int, object] = {}
         for i, value in enumerate(flat):
             if not isinstance(value, bytes):
                 raise invalid_argument(f"input {alias}[{i}] is not bytes")
             try:
-                info = check_pixels(value, self.max_image_pixels)
+                info = seen[id(value)] if id(value) in seen else check_pixels(
+                    value, self.max_image_pixels)
             except ImageHeaderError as e:
                 raise invalid_argument(f"input {alias}[{i}]: {e}") from None
+            seen[id(value)] = info
+            headers.append((alias, i, info))
             image_pixels = info.pixels if info is not None else 0
             pixels += image_pixels
             cost += image_cost(image_pixels, len(value))

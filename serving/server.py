@@ -57,7 +57,7 @@ from serving.metrics import ServingMetrics
 from serving.model_manager import ModelManager, ModelSource, VersionPolicy, sources_from_config
 from serving.predictor import Predictor
 from serving.rest import RestServer
-from serving.work_admission import grpc_deadline
+from serving.work_admission import grpc_deadline, mark_pool
 
 log = logging.getLogger(__name__)
 
@@ -352,9 +352,9 @@ class ModelServer:
         options = [("grpc.max_receive_message_length", self.max_request_bytes),
                    ("grpc.max_send_message_length", -1),
                    ("grpc.so_reuseport", 0)]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_threads,
-                                                        thread_name_prefix="grpc"),
-                             options=options)
+        server = grpc.server(futures.ThreadPoolExecutor(
+            max_workers=self.max_threads, thread_name_prefix="grpc", initializer=mark_pool,
+            initargs=("grpc", self.max_threads)), options=options)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             _PredictionServicer(self.predictor, self.metrics), server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelServicer(self), server)

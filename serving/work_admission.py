@@ -16,8 +16,10 @@ JPEGs stalled a 10 ms request for 41-48 s. So, before a signature runs:
    at once, never waiting here.
 4. **Heavy requests** run in `lanes` (one less than TensorFlow's inter-op
    threads, at least one), and together hold at most the budget's work;
-   the others wait in arrival order, up to `max_waiting` of them (beyond:
-   RESOURCE_EXHAUSTED, retry later) and up to their deadline (then
+   the others wait in arrival order, up to `max_waiting` of them, and from
+   one worker pool (gRPC's, REST's: `mark_pool`) at most half its threads,
+   so waiting requests never take every thread of an API (beyond:
+   RESOURCE_EXHAUSTED, retry later); and up to their deadline (then
    DEADLINE_EXCEEDED, without having decoded anything).
 
 So a thread of the pool stays free for light requests while heavy ones
@@ -32,19 +34,33 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
 from serving.admission import resource_exhausted
-from serving.decode_work import DecodeWorkError, check_work
+from serving.decode_work import check_work
 from serving.errors import ServingError, invalid_argument
-from serving.image_headers import ImageHeaderError, probe_image
+from serving.image_headers import ImageHeaderError, ImageInfo, probe_image
 
 # Requests with at most this fraction of --max-decode-work never wait.
 LIGHT_FRACTION = 16
 MAX_WAITING = 16
+_POOL = threading.local()
+
+
+def mark_pool(name: str, threads: int) -> None:
+    """Marks the calling thread as a worker of the pool `name` of `threads` threads.
+
+    Used as a `ThreadPoolExecutor` initializer by the gRPC and REST servers:
+    heavy requests from one pool may fill at most half its threads waiting.
+
+    Args:
+      name: the pool's name ("grpc", "rest").
+      threads: the pool's size.
+    """
+    _POOL.name, _POOL.threads = name, threads
 
 
 def deadline_exceeded(message: str) -> ServingError:
@@ -72,41 +88,55 @@ def default_lanes() -> int:
     return max(threads - 1, 1)
 
 
-def request_work(inputs: Mapping[str, np.ndarray], max_work: int, budget: int) -> Tuple[int, int]:
+def request_work(inputs: Mapping[str, np.ndarray], max_work: int, budget: int,
+                 headers: Optional[Sequence[Tuple[str, int, Optional[ImageInfo]]]] = None
+                 ) -> Tuple[int, int]:
     """The decode work of a request's images, checked against both limits.
 
     Args:
       inputs: alias -> array; string (object) arrays hold the images.
       max_work: limit per image (0: none).
       budget: limit for all images together (0: none).
+      headers: `(alias, flat index, probe_image result)` of every string
+        element, as `Servable.check_inputs` read them; None: read here.
     Returns:
       (work, images): the estimated pixel-passes of all images, and their count.
     Raises:
       ServingError: INVALID_ARGUMENT for an image over `max_work` or a
         request over `budget`. Counting stops as soon as either is exceeded.
     """
+    if headers is None:
+        headers = [(alias, i, None) for alias, array in sorted(inputs.items())
+                   if array.dtype == object for i in range(array.size)]
+        probe = True
+    else:
+        probe = False
+    flat = {alias: array.reshape(-1) for alias, array in inputs.items()}
     total = images = 0
-    for alias, array in sorted(inputs.items()):
-        if array.dtype != object:
+    known: Dict[int, int] = {}  # id of a repeated object -> its work
+    for alias, i, info in headers:
+        value = flat[alias][i]
+        if not isinstance(value, bytes):
             continue
-        for i, value in enumerate(array.reshape(-1)):
-            if not isinstance(value, bytes):
-                continue
-            images += 1
+        images += 1
+        if id(value) in known:
+            total += known[id(value)]
+        else:
             try:
-                info = probe_image(value)
+                if probe:
+                    info = probe_image(value)
                 stop = budget - total if budget else 0
-                total += check_work(value, info, max_work, stop_above=max(stop, 0))
-            except DecodeWorkError as e:
+                work = check_work(value, info, max_work, stop_above=max(stop, 0))
+            except ImageHeaderError as e:  # DecodeWorkError included
                 raise invalid_argument(f"input {alias}[{i}]: {e}") from None
-            except ImageHeaderError as e:
-                raise invalid_argument(f"input {alias}[{i}]: {e}") from None
-            if budget and total > budget:
-                raise invalid_argument(
-                    f"the request's images need an estimated decode work of at least {total} "
-                    f"pixel-passes (counted up to input {alias}[{i}]), more than the server's "
-                    f"decode-work budget of {budget} (--decode-work-budget); send them in "
-                    f"several requests")
+            known[id(value)] = work
+            total += work
+        if budget and total > budget:
+            raise invalid_argument(
+                f"the request's images need an estimated decode work of at least {total} "
+                f"pixel-passes (counted up to input {alias}[{i}]), more than the server's "
+                f"decode-work budget of {budget} (--decode-work-budget); send them in "
+                f"several requests")
     return total, images
 
 
@@ -138,6 +168,7 @@ class WorkScheduler:
         self.clock = clock
         self._cond = threading.Condition()
         self._queue: collections.deque = collections.deque()
+        self._waiting_from: collections.Counter = collections.Counter()  # pool -> waiting
         self._held = 0
         self._running = 0
         self.peak_running = 0
@@ -211,15 +242,18 @@ class WorkScheduler:
 
     def _enter(self, work: int, deadline: Optional[float], what: str) -> _Ticket:
         ticket = _Ticket(work)
+        pool, threads = getattr(_POOL, "name", ""), getattr(_POOL, "threads", 0)
+        pool_cap = threads // 2 if threads else self.max_waiting
         with self._cond:
-            if (self._queue or not self._fits_now(work)) and \
-                    len(self._queue) >= self.max_waiting:
+            if (self._queue or not self._fits_now(work)) and (
+                    len(self._queue) >= self.max_waiting or self._waiting_from[pool] >= pool_cap):
                 self.refused["busy"] += 1
                 raise resource_exhausted(
                     f"server busy: {what} needs an estimated decode work of {work} "
                     f"pixel-passes, {self._running} expensive requests are decoding and "
                     f"{len(self._queue)} wait (--decode-work-budget); retry later")
             self._queue.append(ticket)
+            self._waiting_from[pool] += 1
             try:
                 while not (self._queue[0] is ticket and self._fits_now(work)):
                     timeout = None if deadline is None else deadline - self.clock()
@@ -232,9 +266,11 @@ class WorkScheduler:
                     self._cond.wait(timeout)
             except BaseException:
                 self._queue.remove(ticket)
+                self._waiting_from[pool] -= 1
                 self._cond.notify_all()  # the next one may be at the head now
                 raise
             self._queue.popleft()
+            self._waiting_from[pool] -= 1
             self._held += work
             self._running += 1
             self.peak_running = max(self.peak_running, self._running)

@@ -4,7 +4,8 @@
   uniform image's scan is a few bytes, and the decoder walks every block of
   the image once per scan.
 - `interlaced_png`: an Adam7 PNG (PIL writes none), built with zlib.
-- `many_frame_gif`: a GIF of many frames (PIL's own encoder).
+- `many_frame_gif`: a GIF of many frames (PIL's own encoder); `tiny_frame_gif`
+  one of many 1x1 frames, 15 bytes each.
 """
 from __future__ import annotations
 
@@ -89,6 +90,15 @@ def many_frame_gif(size: Tuple[int, int], frames: int) -> bytes:
     images[0].save(out, format="GIF", save_all=True, append_images=images[1:],
                    optimize=False, disposal=0)
     return out.getvalue()
+
+
+def tiny_frame_gif(frames: int) -> bytes:
+    """A 1x1 GIF of `frames` frames of 15 bytes each (built by hand: PIL takes seconds)."""
+    header = b"GIF89a" + struct.pack("<HHBBB", 1, 1, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    # Image descriptor at (0, 0), 1x1, no local table; LZW minimum code size 2;
+    # one sub-block with the codes clear (4), pixel 0, end (5) in 3 bits each.
+    frame = b"\x2c" + struct.pack("<HHHHB", 0, 0, 1, 1, 0) + b"\x02\x02\x44\x01\x00"
+    return header + frame * frames + b"\x3b"
 
 
 def animated_webp(size: Tuple[int, int], frames: int) -> bytes:

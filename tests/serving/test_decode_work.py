@@ -17,7 +17,7 @@ from serving.flags import DEFAULTS
 from serving.image_headers import ImageHeaderError, probe_image
 from tests.serving.fixtures import solid_image
 from tests.serving.hostile_images import (animated_webp, interlaced_png, jpeg, many_frame_gif,
-                                          repeated_scan_jpeg, scans_of)
+                                          repeated_scan_jpeg, scans_of, tiny_frame_gif)
 
 
 def _estimate(data: bytes, stop_above: int = 0):
@@ -134,9 +134,17 @@ def test_gif_and_webp_frames():
     assert gif.work == 25 * 120_000 and "25 frames" in gif.what
     webp = _estimate(animated_webp((400, 300), 4))
     assert webp.work == 4 * 120_000 and "4 frames" in webp.what
-    many = many_frame_gif((2, 2), DEFAULTS.max_decode_work // MIN_PASS_WORK + 1)
-    with pytest.raises(DecodeWorkError, match="GIF of 2x2 with 30518 frames"):
+    many = tiny_frame_gif(DEFAULTS.max_decode_work // MIN_PASS_WORK + 1)
+    with pytest.raises(DecodeWorkError, match="GIF of 1x1 with 30518 frames"):
         check_work(many, probe_image(many), DEFAULTS.max_decode_work)
+
+
+def test_frame_walks_stop_at_max_frames():
+    from serving.image_headers import MAX_FRAMES
+    assert MAX_FRAMES * MIN_PASS_WORK > DEFAULTS.max_decode_work  # refused anyway by default
+    with pytest.raises(ImageHeaderError, match=f"GIF with more than {MAX_FRAMES} frames"):
+        probe_image(tiny_frame_gif(1_000_000))  # 15 MB
+    assert probe_image(tiny_frame_gif(MAX_FRAMES)).frames == MAX_FRAMES
 
 
 @pytest.mark.parametrize("save,passes", [

@@ -19,7 +19,7 @@ from serving.decode_work import check_work
 from serving.errors import ServingError
 from serving.flags import DEFAULTS, build_parser
 from serving.image_headers import probe_image
-from serving.work_admission import WorkScheduler, default_lanes, request_work
+from serving.work_admission import WorkScheduler, default_lanes, mark_pool, request_work
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image
 from tests.serving.hostile_images import jpeg, repeated_scan_jpeg
@@ -41,11 +41,14 @@ def _wait_until(condition, timeout: float = 10.0) -> None:
 class _Holder:
     """A thread inside `scheduler.admit(work)` until `release()`; records what happened."""
 
-    def __init__(self, scheduler: WorkScheduler, work: int, deadline=None, log=None, name=""):
+    def __init__(self, scheduler: WorkScheduler, work: int, deadline=None, log=None, name="",
+                 pool=None):
         self.entered, self._release = threading.Event(), threading.Event()
         self.error = None
 
         def run():
+            if pool is not None:
+                mark_pool(*pool)
             try:
                 with scheduler.admit(work, deadline):
                     if log is not None:
@@ -163,6 +166,23 @@ def test_a_full_queue_is_resource_exhausted():
         holder.release()
 
 
+def test_one_pool_may_fill_at_most_half_its_threads_waiting():
+    scheduler = WorkScheduler(budget=100, light_work=10, lanes=1, max_waiting=16)
+    holders = [_Holder(scheduler, 50)]
+    assert holders[0].entered.wait(10)
+    for i in range(2):  # a pool of 4 threads: 2 may wait
+        holders.append(_Holder(scheduler, 50, pool=("rest", 4)))
+        _wait_until(lambda: scheduler.waiting == i + 1)
+    third = _Holder(scheduler, 50, pool=("rest", 4))
+    third.thread.join(10)
+    assert third.error is not None and third.error.code is BUSY
+    holders.append(_Holder(scheduler, 50, pool=("grpc", 64)))  # another pool still queues
+    _wait_until(lambda: scheduler.waiting == 3)
+    for holder in holders:
+        holder.release()
+    assert (scheduler.held, scheduler.running, scheduler.waiting) == (0, 0, 0)
+
+
 def test_no_budget_admits_everything_at_once():
     scheduler = WorkScheduler(budget=0, lanes=1)
     with scheduler.admit(10 ** 15):
@@ -214,6 +234,22 @@ def test_request_work_sums_images_and_names_the_one_over():
     with pytest.raises(ServingError) as e:  # each image fits, the request does not
         request_work({"image_bytes": np.array([photo] * 5, dtype=object)}, 10 ** 9, 3 * one - 1)
     assert "--decode-work-budget" in e.value.message and "image_bytes[2]" in e.value.message
+
+
+def test_a_repeated_image_object_is_walked_once(monkeypatch):
+    from serving import work_admission
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return check_work(*args, **kwargs)
+
+    monkeypatch.setattr(work_admission, "check_work", counting)
+    photo = jpeg((256, 256), noise=5, progressive=True)
+    array = np.array([photo] * 1000, dtype=object)  # what TensorProto's padding rule makes
+    one = check_work(photo, probe_image(photo), 0)
+    assert request_work({"image_bytes": array}, 10 ** 9, 10 ** 12) == (1000 * one, 1000)
+    assert len(calls) == 1
 
 
 def test_flags_and_defaults():
@@ -308,3 +344,27 @@ def test_busy_decoder_gives_resource_exhausted_and_429(make_base, start_server):
     assert status == 429 and "retry later" in body["error"]
     assert CaptionClient(server.grpc_address).caption([solid_image(RED)])  # light: runs
     holder.release()
+
+
+def test_waiting_rest_requests_leave_rest_threads_free(make_base, start_server):  # noqa: F811
+    server = start_server(make_base({1: "image"}), warmup=False, max_decode_work=16_000_000,
+                          decode_lanes=1, rest_threads=4)
+    work = server.predictor.work
+    heavy = jpeg((1024, 768), color=(200, 30, 30), progressive=True)
+    holder = _Holder(work, 2_000_000)
+    assert holder.entered.wait(10)
+    answers = []
+    waiters = [threading.Thread(target=lambda: answers.append(rest_call(
+        server.rest_url, PREDICT, {"instances": [b64(heavy)]})[0])) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    _wait_until(lambda: work.waiting == 2)  # half of the 4 REST threads
+    status, body = rest_call(server.rest_url, PREDICT, {"instances": [b64(heavy)]})
+    assert status == 429 and "retry later" in body["error"]
+    for _ in range(3):  # light requests still find a thread
+        assert rest_call(server.rest_url, PREDICT, {"instances": [b64(solid_image(RED))]})[0] \
+            == 200
+    holder.release()
+    for waiter in waiters:
+        waiter.join(30)
+    assert answers == [200, 200]
