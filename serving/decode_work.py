@@ -156,6 +156,7 @@ def _jpeg(data: bytes, info: ImageInfo, stop_above: int) -> DecodeWork:
     scans = work = total = 0
     complete = True
     pixels = info.width * info.height
+    scan_work: Dict[bytes, int] = {}  # SOS header -> its work (repeated scans repeat it)
     while i < n:
         if data[i] != 0xFF:
             break  # junk: libjpeg stops with an error or a warning, not with more scans
@@ -171,7 +172,7 @@ def _jpeg(data: bytes, info: ImageInfo, stop_above: int) -> DecodeWork:
             break
         if i + 2 > n:
             break
-        (length,) = struct.unpack(">H", data[i:i + 2])
+        length = (data[i] << 8) | data[i + 1]
         if length < 2:
             raise ImageHeaderError("JPEG segment with invalid length")
         segment = data[i + 2:i + length]
@@ -194,13 +195,16 @@ def _jpeg(data: bytes, info: ImageInfo, stop_above: int) -> DecodeWork:
             if not components:
                 raise ImageHeaderError("JPEG has no frame header before its scan data")
             scans += 1
-            ids = segment[1:1 + 2 * segment[0]:2] if segment else b""
-            samples = 0
-            for cid in ids:
-                # An unknown id is an error in libjpeg; count it as the largest component.
-                h, v = components.get(cid, (hmax, vmax))
-                samples += mcus * h * v * 64
-            work += max(samples, MIN_PASS_WORK)
+            this = scan_work.get(segment)
+            if this is None:
+                ids = segment[1:1 + 2 * segment[0]:2] if segment else b""
+                samples = 0
+                for cid in ids:
+                    # An unknown id is an error in libjpeg: count the largest component.
+                    h, v = components.get(cid, (hmax, vmax))
+                    samples += mcus * h * v * 64
+                this = scan_work[segment] = max(samples, MIN_PASS_WORK)
+            work += this
             if stop_above and work > stop_above:
                 complete = False
                 # Entropy-coded data holds no 0xFFDA (0xFF is stuffed): the rest
