@@ -13,6 +13,9 @@ $(STAMP): setup.py
 	@command -v java >/dev/null 2>&1 || { echo "Installing Java (for the coco-caption PTB tokenizer and METEOR)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) \
 	  || echo "WARNING: could not install Java: METEOR and the PTB tokenizer will be skipped"; }
+	@command -v cjpeg >/dev/null 2>&1 || { echo "Installing cjpeg (libjpeg-turbo's encoder, for the decode-work tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjpeg-turbo-progs) \
+	  || echo "WARNING: could not install cjpeg: its decode-work tests will be skipped"; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q -e '.[test]'
