@@ -62,7 +62,9 @@ def test_released_on_error_and_large_releases_trim(monkeypatch):
 
 
 def test_release_free_memory_runs_where_glibc_is():
-    assert admission.release_free_memory() in (True, False)
+    import platform
+    # True exactly where the allocator is glibc (malloc_trim found and called).
+    assert admission.release_free_memory() is (platform.libc_ver()[0] == "glibc")
 
 
 def test_image_cost_grows_with_pixels_and_bytes():
