@@ -1,7 +1,7 @@
 """Regenerates the generated docs (`make docs`).
 
 - the README's config reference, from the config dataclasses;
-- docs/ARTIFACTS.md, from the record and artifact schema (`components.schema`).
+- docs/ARTIFACTS.md, from the record schema (`components.schema`) and the artifact layouts (`components.artifact_layouts`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ README = os.path.join(_REPO, "README.md")
 ARTIFACTS = os.path.join(_REPO, "docs", "ARTIFACTS.md")
 
 _ARTIFACTS_INTRO = """\
-<!-- generated from components/schema.py by `make docs`; do not edit -->
+<!-- generated from components/schema.py and components/artifact_layouts.py by `make docs`; do not edit -->
 # Artifacts and record formats
 
 Every stage execution writes `<root>/<Stage>/<execution_id>/<artifact>/`, each
@@ -73,8 +73,9 @@ def _cell(text: str) -> str:
 def artifacts_markdown() -> str:
     """docs/ARTIFACTS.md: every artifact's files and record features, and the dead letters."""
     from components import schema
+    from components.artifact_layouts import ARTIFACT_LAYOUTS
     parts = [_ARTIFACTS_INTRO]
-    for layout in schema.ARTIFACT_LAYOUTS:
+    for layout in ARTIFACT_LAYOUTS:
         parts.append(f"## {layout.type} ({layout.producer})\n")
         if layout.files:
             rows = ["| file | holds |", "|---|---|"]
