@@ -298,7 +298,11 @@ def _public(metrics: dict) -> dict:
 
 
 def run(ctx) -> dict:
-    """Evaluates the exported SavedModel (and the baseline) on the test images; writes `Evaluation` and `Blessing`."""
+    """Scores the exported SavedModel (and the baseline) on the test images.
+
+    Returns:
+      The `Evaluation` and `Blessing` outputs' counts and properties.
+    """
     cfg = ctx.config.eval
     serving, examples = ctx.inputs["serving_model"], ctx.inputs["examples"]
     saved = serving.path(serving.properties.get("saved_model", schema.SAVED_MODEL_DIR))

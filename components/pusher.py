@@ -155,7 +155,7 @@ class PushError(RuntimeError):
 
 
 def run(ctx) -> dict:
-    """Publishes the evaluated SavedModel if the Blessing says so; otherwise pushes nothing and says why."""
+    """Publishes the evaluated SavedModel when blessed; otherwise pushes nothing and says why."""
     cfg = ctx.config.push
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     blessing = ctx.inputs["blessing"]

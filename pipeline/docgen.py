@@ -1,7 +1,8 @@
 """Regenerates the generated docs (`make docs`).
 
 - the README's config reference, from the config dataclasses;
-- docs/ARTIFACTS.md, from the record schema (`components.schema`) and the artifact layouts (`components.artifact_layouts`).
+- docs/ARTIFACTS.md, from the record schema (`components.schema`) and the
+  artifact layouts (`components.artifact_layouts`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evaluator: captions through the exported SavedModel, the paired comparison, the metrics it records."""
+"""Evaluator: captions through the exported SavedModel, the paired comparison, its metrics."""
 import functools
 import json
 import os
