@@ -209,6 +209,7 @@ class ServeConfig:
     poll_seconds: float = 1.0          # how often the model folder is scanned
     max_request_bytes: int = 16 * 1024 * 1024  # larger requests get RESOURCE_EXHAUSTED
     max_image_pixels: int = 40_000_000  # larger images get INVALID_ARGUMENT
+    max_decode_work: int = 2_000_000_000  # pixel-passes one image may cost to decode (JPEG scans, PNG passes, frames); more gets INVALID_ARGUMENT
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ def config_reference_markdown() -> str:
 # ServeConfig field -> `captioner serve` flag.
 SERVE_FLAGS = {"host": "--host", "port": "--port", "rest_port": "--rest-port",
                "poll_seconds": "--poll-seconds", "max_request_bytes": "--max-request-bytes",
-               "max_image_pixels": "--max-image-pixels"}
+               "max_image_pixels": "--max-image-pixels", "max_decode_work": "--max-decode-work"}
 
 
 def serve_argv(argv: list[str]) -> list[str]:
