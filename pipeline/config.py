@@ -18,9 +18,10 @@ from components.config import (  # noqa: F401  (the config API in one place)
     DataConfig, DeclaredConfig, EncoderConfig,
     EvalConfig, ModelConfig,
     PipelineConfig, PreprocessConfig, PushConfig, ServeConfig, TrainConfig,
-    UndeclaredConfigError, apply_overrides, check_paths, config_from_module, describe_fields,
+    UndeclaredConfigError, apply_overrides, config_from_module, describe_fields,
     did_you_mean, from_dict, load_config_file, replace_section, to_dict, valid_keys,
     validate)
+from components.config_paths import check_paths  # noqa: F401
 
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "configs")
 

@@ -12,6 +12,7 @@ from components.artifacts import ARTIFACT_FILE, Artifact
 from pipeline import config as config_lib
 from pipeline.runner import Runner, inspect
 from tests.pipeline import fake_stages, fake_stages_serving
+from tests.pipeline.test_integrity import _flip_byte
 
 
 def _run(root, overrides=(), use_cache=True, log=None):
@@ -183,14 +184,6 @@ def _captioner(*args):
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
 
 
-def _flip_middle_byte(path):
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x01]))
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_copied_tiny_root_runs_alone_and_finds_a_damaged_shard(tmp_path):
@@ -222,7 +215,7 @@ def test_a_copied_tiny_root_runs_alone_and_finds_a_damaged_shard(tmp_path):
     # the Trainer reading it stops with one line.
     annotations = summary["stages"]["Preprocess"]["outputs"]["annotations"]
     [shard] = [f for f in Artifact.load(annotations).files if f.startswith("train/")]
-    _flip_middle_byte(os.path.join(annotations, shard))
+    _flip_byte(os.path.join(annotations, shard))
     failed = _captioner("run", "--root", copy, "--stages", "Trainer", "--set", "train.epochs=3")
     assert failed.returncode == 1
     assert "Traceback" not in failed.stderr
