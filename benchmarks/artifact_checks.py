@@ -33,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.results import write_result  # noqa: E402
 from components.artifacts import write_artifact_json  # noqa: E402
 from pipeline import integrity  # noqa: E402
 from pipeline.metadata import MetadataStore  # noqa: E402
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
               "checksum": integrity.CHECKSUM,
               "checksum_mb_per_s": round(args.checksum_mb / crc)}
     print(json.dumps(result))
+    write_result("artifact_checks", result, argv=argv)
     return 0
 
 

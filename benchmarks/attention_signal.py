@@ -36,6 +36,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.results import write_result  # noqa: E402
+
 ARTICLES = ("a", "an", "the")
 
 
@@ -133,6 +135,7 @@ def main(argv=None) -> dict:
               "best_region_inside": round(float(np.mean(best_inside)), 4),
               "alpha_mass_inside": round(float(np.mean(mass_inside)), 4)}
     print(json.dumps(result))
+    write_result("attention_signal", result, argv=argv)
     return result
 
 

@@ -76,6 +76,7 @@ def main(argv=None) -> int:
                         help="more config overrides for every model")
     args = parser.parse_args(argv)
 
+    from benchmarks.results import write_result
     from benchmarks.train_step import cpu_has_bf16, cpu_model
     from components.metrics.blessing import blessing_decision
     from components.metrics.bootstrap import paired_bootstrap
@@ -126,9 +127,11 @@ def main(argv=None) -> int:
                       f"{row['verdict']}")
         for reason in reasons:
             print(f"  reason: {reason}")
-    print(json.dumps({"cpu": cpu_model(), "native_bf16": cpu_has_bf16(),
-                      "metrics": {n: {k: m.get(k) for k in SHOWN} for n, (_, m) in scored.items()},
-                      "timings": timings, "pairs": pairs}))
+    result = {"cpu": cpu_model(), "native_bf16": cpu_has_bf16(),
+              "metrics": {n: {k: m.get(k) for k in SHOWN} for n, (_, m) in scored.items()},
+              "timings": timings, "pairs": pairs}
+    print(json.dumps(result))
+    write_result("blessing_noise", result, argv=argv)
     return 0
 
 

@@ -40,6 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from benchmarks.results import write_result  # noqa: E402
 from benchmarks.train_step import SIZES, cpu_model  # noqa: E402
 
 
@@ -113,6 +114,8 @@ def main(argv=None):
     if "twin_greedy_ms" in result:
         result["twin_speedup"] = round(result["ours_greedy_ms"] / result["twin_greedy_ms"], 2)
     print(json.dumps(result))
+    write_result("decode", result, argv=argv,
+                 variant="" if args.precision == "float32" else args.precision)
     return result
 
 

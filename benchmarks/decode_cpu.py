@@ -42,6 +42,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchmarks.results import write_result  # noqa: E402
 from serving.decode_work import estimate  # noqa: E402
 from serving.flags import DEFAULTS  # noqa: E402
 from serving.image_headers import ImageHeaderError, check_pixels, probe_image  # noqa: E402
@@ -294,6 +295,7 @@ def main(argv=None) -> int:
                       f"(mean {row['expensive_mean_s']} s), busy {row['expensive_busy']}",
                       file=sys.stderr, flush=True)
     print(json.dumps(result))
+    write_result("decode_cpu", result, argv=argv)
     return 0
 
 

@@ -13,11 +13,16 @@ above every figure; docs/RELIABILITY.md quotes them.
 from __future__ import annotations
 
 import io
+import os
 import struct
 import sys
 
 import numpy as np
 from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.results import write_result  # noqa: E402
 
 
 def encode(kind: str, side: int) -> bytes:
@@ -67,8 +72,12 @@ def main() -> None:
     base = peak_mb()
     serve(tf.constant([data]))
     delta = peak_mb() - base
+    per_pixel = delta * 2 ** 20 / side / side
     print(f"{kind} {side}x{side}: {len(data)} bytes encoded, peak +{delta:.0f} MB, "
-          f"{delta * 2 ** 20 / side / side:.1f} bytes per pixel")
+          f"{per_pixel:.1f} bytes per pixel")
+    write_result("decode_memory", {"kind": kind, "side": side, "encoded_bytes": len(data),
+                                   "peak_mb": round(delta, 1),
+                                   "bytes_per_pixel": round(per_pixel, 1)}, variant=kind)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.results import write_result  # noqa: E402
 from benchmarks.train_step import cpu_model  # noqa: E402
 STAGES = ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer", "Exporter", "Evaluator",
           "Pusher")
@@ -207,7 +208,9 @@ def main(argv=None) -> int:
             print("partial: " + json.dumps(summarize(sizes[:sizes.index(size) + 1], results)),
                   flush=True)
     print(f"stage logs: {workdir}/n<size>-<Stage>.log", flush=True)
-    print(json.dumps(summarize(sizes, results)))
+    summary = summarize(sizes, results)
+    print(json.dumps(summary))
+    write_result("scale", summary, argv=argv)
     return 0
 
 

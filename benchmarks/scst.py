@@ -26,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.results import write_result  # noqa: E402
 from benchmarks.train_step import cpu_has_bf16, cpu_model  # noqa: E402
 
 METRICS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",
@@ -84,9 +85,12 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="config overrides for both runs")
     args = p.parse_args(argv)
+    compared = {}
     for attention in [a.strip() for a in args.attention.split(",") if a.strip()]:
-        print(json.dumps(compare(args.root, args.config, attention, args.overrides)), flush=True)
+        compared[attention] = compare(args.root, args.config, attention, args.overrides)
+        print(json.dumps(compared[attention]), flush=True)
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
+    write_result("scst", {"config": args.config, "attention": compared}, argv=argv)
     return 0
 
 

@@ -34,6 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.results import write_result  # noqa: E402
+
 VOCAB_WORDS = 40
 
 
@@ -158,6 +160,7 @@ def main(argv=None) -> int:
                            / best["default"]["examples_per_second"], 3),
         }
     print(json.dumps(summary))
+    write_result("train_throughput", summary, argv=argv)
     return 0
 
 
