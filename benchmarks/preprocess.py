@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.results import write_result  # noqa: E402
+
 ENCODERS = {
     "paper": dict(kind="keras_app", application="VGG19", layer="block5_conv4", weights="none",
                   image_size=224, coord_channels=False),
@@ -159,12 +161,11 @@ def write_seconds(annotations_uri: str) -> tuple[float, int]:
     return seconds, len(records)
 
 
-def bench(name: str, n: int, batch_size: int, repeats: int, root: str, log) -> dict:
+def _prepare(name: str, n: int, batch_size: int, root: str) -> dict:
+    """The artifacts of `n` and of one batch of images, the decoded images, the traced bare call."""
     import tensorflow as tf
     from models.image_ops import decode_and_resize
 
-    log(f"== {name}: {n} images {SOURCE_SIZE[name][0]}x{SOURCE_SIZE[name][1]} JPEG, "
-        f"batch {batch_size}, {repeats} repeats")
     examples, encoder, model, images = make_artifacts(root, name, n)
     size = ENCODERS[name]["image_size"]
     start = time.perf_counter()
@@ -173,83 +174,105 @@ def bench(name: str, n: int, batch_size: int, repeats: int, root: str, log) -> d
     call = bare_encoder(model, size)
     call(decoded[:batch_size])  # trace once, like the stage's worker does
     # The stage's fixed cost (graph construction, runner start, model load,
-    # tracing), from runs on one batch of images; the first run warms up.
+    # tracing) comes from runs on one batch of images.
     small = min(batch_size, n // 2)
     small_examples, small_encoder, _, _ = make_artifacts(os.path.join(root, "small"), name,
                                                          small)
-    run_stage(root, small_examples, small_encoder, batch_size, f"{name}-warmup")
-    runs = []  # per repeat: stage wall/cpu, bare wall/cpu, small-stage wall, results
+    return {"examples": examples, "encoder": encoder, "decoded": decoded, "call": call,
+            "eager_decode_s": eager_decode_s, "small": small,
+            "small_examples": small_examples, "small_encoder": small_encoder}
+
+
+def _timed_runs(name: str, n: int, batch_size: int, repeats: int, root: str, p: dict,
+                log) -> list[dict]:
+    """Alternating stage / bare runs after one warm-up run; per repeat, wall and CPU seconds."""
+    run_stage(root, p["small_examples"], p["small_encoder"], batch_size, f"{name}-warmup")
+    runs = []
     for r in range(repeats):
-        small_wall, small_cpu, _ = run_stage(root, small_examples, small_encoder, batch_size,
-                                             f"{name}-small")
-        wall, cpu, results = run_stage(root, examples, encoder, batch_size, f"{name}-{r}")
+        small_wall, small_cpu, _ = run_stage(root, p["small_examples"], p["small_encoder"],
+                                             batch_size, f"{name}-small")
+        wall, cpu, results = run_stage(root, p["examples"], p["encoder"], batch_size,
+                                       f"{name}-{r}")
         assert results["annotations"]["counts"]["accepted"] == n, results["annotations"]
-        bare_wall, bare_cpu = run_bare(call, decoded, batch_size)
+        bare_wall, bare_cpu = run_bare(p["call"], p["decoded"], batch_size)
         runs.append({"wall": wall, "cpu": cpu, "bare_wall": bare_wall, "bare_cpu": bare_cpu,
                      "small_wall": small_wall, "small_cpu": small_cpu, "results": results})
         log(f"   repeat {r}: stage {n / wall:.2f} img/s, bare {n / bare_wall:.2f} img/s "
-            f"(CPU s: stage {cpu:.1f}, bare {bare_cpu:.1f}); {small} images: {small_wall:.1f}s")
+            f"(CPU s: stage {cpu:.1f}, bare {bare_cpu:.1f}); {p['small']} images: "
+            f"{small_wall:.1f}s")
+    return runs
+
+
+def _profile(run: dict, n: int) -> dict:
+    """ms per image inside the stage, from one run's timings.
+
+    `rest` is Beam itself: start-up (graph construction and translation,
+    model load, tracing), reading, batching, the vocabulary pass, the sharded
+    write's grouping and file finalization.
+    """
+    timings = run["results"]["annotations"]["properties"]["timings"]
+
+    def ms(key):
+        t = timings.get(key)
+        return round(t["sum"] / 1e3 / n, 3) if t else None
+
+    write_s, _ = write_seconds(run["results"]["outputs"]["annotations"])
+    profile = {"decode": ms("decode_micros"),
+               "encode": ms("inference_batch_latency_micro_secs"),
+               "serialize": ms("serialize_micros"),
+               "write": round(1e3 * write_s / n, 3)}
+    profile["rest"] = round(1e3 * run["wall"] / n - sum(v for v in profile.values() if v), 3)
+    return profile
+
+
+def bench(name: str, n: int, batch_size: int, repeats: int, root: str, log) -> dict:
+    """One encoder's figures: stage and bare throughput, their ratios, the stage's profile."""
+    log(f"== {name}: {n} images {SOURCE_SIZE[name][0]}x{SOURCE_SIZE[name][1]} JPEG, "
+        f"batch {batch_size}, {repeats} repeats")
+    p = _prepare(name, n, batch_size, root)
+    runs = _timed_runs(name, n, batch_size, repeats, root, p, log)
+    small = p["small"]
 
     def med(key):
         return statistics.median(r[key] for r in runs)
 
     stage_ips, bare_ips = n / med("wall"), n / med("bare_wall")
-    fixed_s = med("small_wall")
     # The profile comes from the run with the median wall time.
     median_run = sorted(runs, key=lambda r: r["wall"])[len(runs) // 2]
-    timings = median_run["results"]["annotations"]["properties"]["timings"]
-    write_s, _ = write_seconds(median_run["results"]["outputs"]["annotations"])
-    per_image_ms = 1e3 * median_run["wall"] / n
-
-    def ms(key, div=1e3):
-        t = timings.get(key)
-        return round(t["sum"] / div / n, 3) if t else None
-
-    # ms per image inside the stage; `rest` is Beam itself: start-up (graph
-    # construction and translation, model load, tracing), reading, batching, the
-    # vocabulary pass, the sharded write's grouping and file finalization.
-    profile = {
-        "decode": ms("decode_micros"),
-        "encode": ms("inference_batch_latency_micro_secs"),
-        "serialize": ms("serialize_micros"),
-        "write": round(1e3 * write_s / n, 3),
-    }
-    profile["rest"] = round(per_image_ms - sum(v for v in profile.values() if v), 3)
-    load_model = timings.get("load_model_latency_milli_secs", {}).get("sum", 0) / 1e3
+    properties = median_run["results"]["annotations"]["properties"]
+    load_model = properties["timings"].get("load_model_latency_milli_secs", {}).get("sum", 0)
     # Marginal throughput once the fixed cost is paid (what a large dataset sees):
     # from wall time, and from CPU time (robust to other load on the machine).
-    steady_ips = (n - small) / max(med("wall") - fixed_s, 1e-9)
+    steady_ips = (n - small) / max(med("wall") - med("small_wall"), 1e-9)
     steady_cpu_ratio = ((n - small) / max(med("cpu") - med("small_cpu"), 1e-9)) / (
         n / med("bare_cpu"))
     result = {
         "images": n, "batch_size": batch_size, "repeats": repeats,
         "source_image": "x".join(map(str, SOURCE_SIZE[name])),
-        "grid_shape": median_run["results"]["annotations"]["properties"]["grid_shape"],
+        "grid_shape": properties["grid_shape"],
         "stage_images_per_s": round(stage_ips, 2), "bare_images_per_s": round(bare_ips, 2),
         "ratio": round(stage_ips / bare_ips, 3),
         "best_ratio": round(min(r["bare_wall"] for r in runs) / min(r["wall"] for r in runs), 3),
         "cpu_ratio": round(med("bare_cpu") / med("cpu"), 3),
-        "small_images": small,
-        "small_stage_seconds": round(fixed_s, 2),
+        "small_images": small, "small_stage_seconds": round(med("small_wall"), 2),
         "steady_state_images_per_s": round(steady_ips, 2),
         "steady_state_ratio": round(steady_ips / bare_ips, 3),
         "steady_state_cpu_ratio": round(steady_cpu_ratio, 3),
         "small_stage_cpu_seconds": round(med("small_cpu"), 2),
-        "load_model_seconds": round(load_model, 2),
-        "stage_ms_per_image": round(per_image_ms, 3),
+        "load_model_seconds": round(load_model / 1e3, 2),
+        "stage_ms_per_image": round(1e3 * median_run["wall"] / n, 3),
         "bare_ms_per_image": round(1e3 * med("bare_wall") / n, 3),
-        "eager_decode_ms_per_image": round(1e3 * eager_decode_s / n, 3),
-        "profile_ms_per_image": profile,
-        "stage_seconds": [round(r["wall"], 2) for r in runs],
-        "bare_seconds": [round(r["bare_wall"], 2) for r in runs],
-        "stage_cpu_seconds": [round(r["cpu"], 2) for r in runs],
-        "bare_cpu_seconds": [round(r["bare_cpu"], 2) for r in runs],
+        "eager_decode_ms_per_image": round(1e3 * p["eager_decode_s"] / n, 3),
+        "profile_ms_per_image": _profile(median_run, n),
+        **{f"{k}_seconds": [round(r[key], 2) for r in runs] for k, key in (
+            ("stage", "wall"), ("bare", "bare_wall"), ("stage_cpu", "cpu"),
+            ("bare_cpu", "bare_cpu"))},
     }
     log(f"   {name}: stage {stage_ips:.2f} img/s, bare {bare_ips:.2f} img/s, ratio "
         f"{result['ratio']:.3f} (best {result['best_ratio']:.3f}, CPU time "
         f"{result['cpu_ratio']:.3f}, steady state {result['steady_state_ratio']:.3f}, "
         f"steady state CPU time {steady_cpu_ratio:.3f}); "
-        f"profile ms/img {profile}")
+        f"profile ms/img {result['profile_ms_per_image']}")
     return result
 
 
@@ -288,6 +311,7 @@ def main(argv=None) -> dict:
     out["ratio"] = out.get("paper", out.get("demo", {})).get("ratio")
     out["seconds"] = round(time.time() - start, 1)
     print(json.dumps(out, sort_keys=True), flush=True)
+    write_result("preprocess", out, argv=argv)
     return out
 
 
