@@ -1,0 +1,339 @@
+"""The suite's own hygiene, read from every test module's syntax tree (AST).
+
+A test must be able to fail. Flagged:
+
+- an `assert` that holds whatever the code does: a constant (`assert True`,
+  `assert "text"`), a non-empty literal (`assert (x, "message")`), a value
+  compared with itself (`assert x == x`), membership in both booleans
+  (`assert x in (True, False)`), `x or not x`;
+- a test function that checks nothing: no `assert`, no `pytest.raises`,
+  `pytest.warns` or `pytest.fail`, no `raise` (of its own: a fake it defines
+  does not count), and no call to a checking
+  helper. A helper checks when its name starts with `assert`, `check`,
+  `expect` or `verify` (`np.testing.assert_allclose`, `check_alive`), or
+  when it is a function of the test tree (the same module, or imported from
+  a `tests.` module) that checks, directly or through such helpers.
+
+`ALLOWED` lists the few tests that are right without a check of their own,
+each with the reason.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+
+# "path relative to the repo::test name" -> why it needs no check of its own.
+ALLOWED: Dict[str, str] = {}
+
+CHECKING_NAME = re.compile(r"^_*(assert|check|expect|verify)(_|[A-Z]|$)")
+RAISING_PYTEST = {"raises", "warns", "fail", "deprecated_call"}
+
+
+def _test_tree_files(tests: str) -> Iterator[str]:
+    for dirpath, dirnames, files in os.walk(tests):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(dirpath, name)
+
+
+def _module_name(path: str, repo: str) -> str:
+    rel = os.path.relpath(path, repo)[:-3].replace(os.sep, ".")
+    return rel.removesuffix(".__init__")
+
+
+def _is_test_module(path: str) -> bool:
+    return os.path.basename(path).startswith("test_")
+
+
+def _parse(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), filename=path)
+
+
+# -- always-true assertions -------------------------------------------------------------
+
+
+def _same(a: ast.AST, b: ast.AST) -> bool:
+    return ast.dump(a) == ast.dump(b)
+
+
+def _both_booleans(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        return len(values) == len(node.elts) and {True, False} <= set(values) \
+            and all(isinstance(v, bool) for v in values)
+    return False
+
+
+def tautology(test: ast.expr) -> Optional[str]:
+    """Why the asserted expression `test` always holds, or None."""
+    if isinstance(test, ast.Constant):
+        return f"asserts the constant {test.value!r}" if test.value else None
+    if isinstance(test, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+        elements = test.keys if isinstance(test, ast.Dict) else test.elts
+        return "asserts a non-empty literal (always true)" if elements else None
+    if isinstance(test, ast.Compare):
+        left = test.left
+        for op, right in zip(test.ops, test.comparators):
+            if isinstance(op, (ast.Eq, ast.Is, ast.LtE, ast.GtE)) and _same(left, right):
+                return "compares a value with itself"
+            if isinstance(op, ast.In) and _both_booleans(right):
+                return "accepts both True and False"
+            left = right
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
+        plain = [v for v in test.values if not isinstance(v, ast.UnaryOp)]
+        negated = [v.operand for v in test.values
+                   if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)]
+        if any(_same(p, n) for p in plain for n in negated):
+            return "asserts `x or not x`"
+        if _accepts_both_identities(test.values):
+            return "accepts both `is True` and `is False`"
+    return None
+
+
+def _accepts_both_identities(values: List[ast.expr]) -> bool:
+    seen: Dict[str, Set[bool]] = {}
+    for v in values:
+        if (isinstance(v, ast.Compare) and len(v.ops) == 1
+                and isinstance(v.ops[0], (ast.Is, ast.Eq))
+                and isinstance(v.comparators[0], ast.Constant)
+                and isinstance(v.comparators[0].value, bool)):
+            seen.setdefault(ast.dump(v.left), set()).add(v.comparators[0].value)
+    return any(s == {True, False} for s in seen.values())
+
+
+def always_true_assertions(tree: ast.AST) -> List[Tuple[int, str]]:
+    """(line, reason) of every `assert` in `tree` that cannot fail."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            reason = tautology(node.test)
+            if reason:
+                found.append((node.lineno, reason))
+    return found
+
+
+# -- tests that check nothing -----------------------------------------------------------
+
+
+def _called_name(call: ast.Call) -> Tuple[Optional[str], Optional[str]]:
+    """(object name or None, function name) of a call such as `f()` or `mod.f()`."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return None, func.id
+    if isinstance(func, ast.Attribute):
+        owner = func.value.id if isinstance(func.value, ast.Name) else None
+        return owner, func.attr
+    return None, None
+
+
+class Module:
+    """A module of the test tree: its functions and what its imported names refer to."""
+
+    def __init__(self, path: str, repo: str):
+        self.path = path
+        self.rel = os.path.relpath(path, repo)
+        self.name = _module_name(path, repo)
+        self.tree = _parse(path)
+        self.functions: Dict[str, ast.AST] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, node)
+        self.imported: Dict[str, Tuple[str, Optional[str]]] = {}  # local -> (module, name)
+        for node in self.tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = (node.module, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name.split(".")[0]] = (alias.name, None)
+
+
+def _own_raises(function: ast.AST) -> Iterator[ast.Raise]:
+    """The `raise` statements of a function, not of the functions it defines (fakes)."""
+    stack = list(ast.iter_child_nodes(function))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Raise):
+            yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                 ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _raises_assertion_error(node: ast.AST) -> bool:
+    if isinstance(node, ast.Raise) and node.exc is not None:
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        return isinstance(exc, ast.Name) and exc.id in ("AssertionError", "Failed")
+    return False
+
+
+def _direct_check(node: ast.AST) -> bool:
+    """Whether a function asserts, raises (itself), or uses pytest's raising helpers."""
+    if any(True for _ in _own_raises(node)):
+        return True
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assert) or _raises_assertion_error(sub):
+            return True
+        if isinstance(sub, ast.Call):
+            owner, name = _called_name(sub)
+            if owner == "pytest" and name in RAISING_PYTEST:
+                return True
+            if name and CHECKING_NAME.match(name):
+                return True
+    return False
+
+
+class Suite:
+    """Every module of the test tree, and which of their functions check something."""
+
+    def __init__(self, tests: str = TESTS, repo: str = REPO):
+        self.modules = {m.name: m for m in (Module(p, repo) for p in _test_tree_files(tests))}
+        checks = {(m.name, f): _direct_check(node)
+                  for m in self.modules.values() for f, node in m.functions.items()}
+        changed = True
+        while changed:  # checking through helpers, to a fixed point
+            changed = False
+            for (module, function), known in checks.items():
+                if not known and self._calls_a_checker(module, function, checks):
+                    checks[(module, function)] = changed = True
+        self.checks = checks
+
+    def _resolve(self, module: Module, owner: Optional[str], name: str) -> Optional[tuple]:
+        """The (module, function) of the test tree that a call refers to, or None."""
+        if owner is None:
+            if name in module.functions:
+                return module.name, name
+            source = module.imported.get(name)
+            if source and source[1] and source[0] in self.modules:
+                return source[0], source[1]
+            return None
+        source = module.imported.get(owner)
+        if source is None:
+            return None
+        target = source[0] if source[1] is None else f"{source[0]}.{source[1]}"
+        return (target, name) if target in self.modules else None
+
+    def _calls_a_checker(self, module_name: str, function: str, checks) -> bool:
+        module = self.modules[module_name]
+        for sub in ast.walk(module.functions[function]):
+            if isinstance(sub, ast.Call):
+                owner, name = _called_name(sub)
+                target = self._resolve(module, owner, name) if name else None
+                if target is not None and checks.get(target):
+                    return True
+        return False
+
+    def test_functions(self) -> Iterator[Tuple[Module, ast.AST]]:
+        for module in self.modules.values():
+            if not _is_test_module(module.path):
+                continue
+            for node in module.tree.body:
+                bodies = [node]
+                if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                    bodies = node.body
+                for item in bodies:
+                    if (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                            and item.name.startswith("test")):
+                        yield module, item
+
+    def checks_something(self, module: Module, function: ast.AST) -> bool:
+        if _direct_check(function):
+            return True
+        for sub in ast.walk(function):
+            if isinstance(sub, ast.Call):
+                owner, name = _called_name(sub)
+                target = self._resolve(module, owner, name) if name else None
+                if target is not None and self.checks.get(target):
+                    return True
+        return False
+
+
+@pytest.fixture(scope="module")
+def suite() -> Suite:
+    return Suite()
+
+
+def _key(module: Module, name: str) -> str:
+    return f"{module.rel}::{name}"
+
+
+def test_no_assertion_in_the_test_tree_is_always_true(suite):
+    found = [f"{m.rel}:{line}: {reason}"
+             for m in suite.modules.values() for line, reason in always_true_assertions(m.tree)]
+    assert not found, "\n".join(found)
+
+
+def test_every_test_checks_something(suite):
+    unchecked = [_key(m, f.name) for m, f in suite.test_functions()
+                 if not suite.checks_something(m, f) and _key(m, f.name) not in ALLOWED]
+    assert not unchecked, ("tests with no assert, no pytest.raises/warns and no checking "
+                           "helper:\n" + "\n".join(unchecked))
+
+
+def test_the_allow_list_names_real_tests_that_need_it(suite):
+    tests = {_key(m, f.name): suite.checks_something(m, f) for m, f in suite.test_functions()}
+    assert all(key in tests for key in ALLOWED), sorted(set(ALLOWED) - set(tests))
+    assert not [key for key in ALLOWED if tests[key]], "allowed, but they check something now"
+    assert all(reason.strip() for reason in ALLOWED.values())
+
+
+# -- the rules themselves, on small sources ---------------------------------------------
+
+
+@pytest.mark.parametrize("source, flagged", [
+    ("assert True", True), ("assert 1", True), ("assert 'message'", True),
+    ("assert (x, 'message')", True), ("assert x == x", True), ("assert x.y is x.y", True),
+    ("assert flag in (True, False)", True), ("assert flag in [False, True]", True),
+    ("assert x or not x", True), ("assert f() is True or f() is False", True),
+    ("assert x", False), ("assert not x", False), ("assert x in (True, None)", False),
+    ("assert x == y", False), ("assert ()", False), ("assert x is True or y is False", False),
+    ("assert False", False), ("assert 0 < x <= 1", False),
+])
+def test_tautologies_are_recognized(source, flagged):
+    assert bool(always_true_assertions(ast.parse(source))) is flagged, source
+
+
+def _suite_of(tmp_path, files: Dict[str, str]) -> Suite:
+    for rel, text in files.items():
+        path = tmp_path / "tests" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Suite(str(tmp_path / "tests"), str(tmp_path))
+
+
+def test_checks_are_found_through_helpers(tmp_path):
+    suite = _suite_of(tmp_path, {
+        "__init__.py": "",
+        "helpers.py": "def contract(x):\n    _inner(x)\n\ndef _inner(x):\n    assert x\n\n"
+                      "def quiet(x):\n    return x\n",
+        "test_a.py": (
+            "import pytest\nimport numpy as np\nfrom tests import helpers\n"
+            "from tests.helpers import contract, quiet\n\n"
+            "def test_asserts():\n    assert 1 + 1 == 2\n\n"
+            "def test_raises():\n    with pytest.raises(ValueError):\n        int('x')\n\n"
+            "def test_numpy():\n    np.testing.assert_allclose(1, 1)\n\n"
+            "def test_checker_name():\n    check_alive(1)\n\n"
+            "def test_local_helper():\n    _local(1)\n\n"
+            "def _local(x):\n    if not x:\n        raise AssertionError(x)\n\n"
+            "def test_imported_helper():\n    contract(1)\n\n"
+            "def test_module_helper():\n    helpers.contract(1)\n\n"
+            "def test_nothing():\n    quiet(1)\n\n"
+            "def test_only_runs():\n    int('1')\n\n"
+            "class TestGroup:\n    def test_method(self):\n        self.assertEqual(1, 1)\n\n"
+            "    def test_empty(self):\n        pass\n"),
+    })
+    verdict = {f.name: suite.checks_something(m, f) for m, f in suite.test_functions()}
+    assert verdict == {"test_asserts": True, "test_raises": True, "test_numpy": True,
+                       "test_checker_name": True, "test_local_helper": True,
+                       "test_imported_helper": True, "test_module_helper": True,
+                       "test_nothing": False, "test_only_runs": False, "test_method": True,
+                       "test_empty": False}
