@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from components import precision
+from components.contract import precision
 
 _CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -56,5 +56,24 @@ def test_resolve_explicit_policies_and_errors():
                                     "mixed_precision_reason": "test"}
 
 
-def test_this_hosts_choice_is_a_policy():
-    assert precision.choose_auto().policy in ("float32", "mixed_bfloat16")
+def test_without_arguments_it_reads_this_hosts_cpuinfo(monkeypatch):
+    monkeypatch.setattr(precision, "gpu_compute_capabilities", lambda: [])
+    with open("/proc/cpuinfo") as f:
+        flags_line = next((l for l in f if l.split(":")[0].strip() == "flags"), "")
+    native = {"avx512_bf16", "amx_bf16"} & set(flags_line.partition(":")[2].split())
+    chosen = precision.choose_auto()
+    assert chosen.policy == ("mixed_bfloat16" if native else "float32"), chosen
+    assert "no GPU" in chosen.reason
+
+
+def test_without_arguments_it_asks_for_the_gpus(monkeypatch):
+    monkeypatch.setattr(precision, "gpu_compute_capabilities", lambda: [(7, 0)])
+    chosen = precision.choose_auto(cpuinfo=_CPUINFO.format(extra="avx512_bf16"))
+    assert chosen.policy == "float32" and "7.0" in chosen.reason
+
+
+def test_gpu_compute_capabilities_lists_every_visible_gpu():
+    import tensorflow as tf
+    found = precision.gpu_compute_capabilities()
+    assert len(found) == len(tf.config.list_physical_devices("GPU"))
+    assert all(c is None or (len(c) == 2 and c >= (1, 0)) for c in found), found
