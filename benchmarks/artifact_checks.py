@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.results import write_result  # noqa: E402
-from components.artifacts import write_artifact_json  # noqa: E402
+from components.contract.artifacts import write_artifact_json  # noqa: E402
 from pipeline import integrity  # noqa: E402
 from pipeline.metadata import MetadataStore  # noqa: E402
 

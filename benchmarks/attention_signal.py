@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     import tensorflow as tf
 
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
-    from components import schema
+    from components.contract import schema
     from components.split_readers import read_annotations
     from components.sources.shapes_grammar import parse_caption
     from models import text as text_lib

@@ -52,8 +52,8 @@ def export_for(root: str, config: str, overrides: list[str]) -> tuple[str, float
 
 def caption_and_score(serving_uri: str, examples_uri: str, batch_size: int):
     """The Evaluator's captioning and scoring of one ServingModel: (split, metrics, seconds)."""
-    from components import schema
-    from components.artifacts import Artifact
+    from components.contract import schema
+    from components.contract.artifacts import Artifact
     from components.evaluator import CaptionedSplit, ServedFunction, score
     from components.split_readers import iter_example_batches
     art = Artifact.load(serving_uri)

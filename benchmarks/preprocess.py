@@ -76,7 +76,7 @@ def make_artifacts(root: str, name: str, n: int, seed: int = 0):
     from components import example_gen
     from components.sources.base import RawExample
     from models.encoder import build_encoder
-    from components.artifacts import Artifact, write_artifact_json
+    from components.contract.artifacts import Artifact, write_artifact_json
     from pipeline.config import DataConfig
 
     rng = np.random.default_rng(seed)
@@ -148,7 +148,7 @@ def run_bare(call, decoded: np.ndarray, batch_size: int) -> tuple[float, float]:
 def write_seconds(annotations_uri: str) -> tuple[float, int]:
     """Time to write the stage's own serialized records with a plain TFRecordWriter."""
     import tensorflow as tf
-    from components import io_utils, schema
+    from components.contract import io_utils, schema
     records = [r for s in schema.SPLITS
                for r in io_utils.read_records(schema.split_files(annotations_uri, s))]
     path = os.path.join(tempfile.mkdtemp(prefix="write-"), "x.tfrecord")

@@ -8,7 +8,7 @@
 
 `--precision auto` (the default, as `train.mixed_precision`) picks
 `mixed_bfloat16` where the CPU or GPU multiplies bfloat16 natively and float32
-elsewhere (components/precision.py); both models then train in that policy.
+elsewhere (components/contract/precision.py); both models then train in that policy.
 `--baseline-precision float32` trains the tutorial in float32 instead, as it
 is published and as its users run it (its code sets no policy): `ratio` is
 then our speed-up over that.
@@ -67,7 +67,7 @@ def cpu_model() -> str:
 
 def cpu_has_bf16() -> bool:
     """True when the CPU has native bfloat16 matmul instructions (AVX512-BF16 or AMX)."""
-    from components.precision import BF16_CPU_FLAGS, cpu_flags
+    from components.contract.precision import BF16_CPU_FLAGS, cpu_flags
     return bool(set(BF16_CPU_FLAGS) & cpu_flags())
 
 
@@ -202,7 +202,7 @@ def main(argv=None):
 
     import keras
     import tensorflow as tf
-    from components.precision import resolve
+    from components.contract.precision import resolve
     chosen = resolve(args.precision)
     print(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})",
           file=sys.stderr, flush=True)

@@ -53,9 +53,9 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
                     seed: int = 0) -> tuple[str, str]:
     """Annotations (train split, 4 shards) and Vocabulary artifacts of random data."""
     import tensorflow as tf
-    from components import schema
+    from components.contract import schema
     from models import text
-    from components.artifacts import write_artifact_json
+    from components.contract.artifacts import write_artifact_json
     rng = np.random.default_rng(seed)
     h, w, d = grid_shape
     annotations, vocabulary = os.path.join(folder, "annotations"), os.path.join(folder, "vocab")

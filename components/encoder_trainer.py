@@ -32,9 +32,9 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from components import precision as precision_lib
-from components import schema
-from components import summary_writer
+from components.contract import precision as precision_lib
+from components.contract import schema
+from components.contract import summary_writer
 from models import text as text_lib
 
 # Words that say nothing about what is in a region.

@@ -36,8 +36,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from components import io_utils, schema
-from components.export_model import decoding_settings, export
+from components.contract import io_utils, schema
+from components.contract.export_model import decoding_settings, export
 from components.metrics.blessing import blessing_decision, format_rows
 from components.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
 from components.metrics.coco import SCORING_STEPS

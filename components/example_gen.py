@@ -8,7 +8,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from components import io_utils, schema
+from components.contract import io_utils, schema
 from components.sources import get_source, has_boxes
 from components.sources.base import RawExample
 

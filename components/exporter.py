@@ -11,7 +11,7 @@ and run it; its report is recorded, and a model that fails it is not
 evaluated and never blessed (the Evaluator says why).
 
 The ServingModel artifact records the `digest` of the SavedModel folder
-(`components.io_utils.tree_digest`). The Evaluator records the digest it
+(`components.contract.io_utils.tree_digest`). The Evaluator records the digest it
 scored, and the Pusher publishes a byte-for-byte copy only when both agree.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
-from components import io_utils, schema
-from components.export_model import decoding_settings, export
+from components.contract import io_utils, schema
+from components.contract.export_model import decoding_settings, export
 
 LOG = "[Exporter]"
 

@@ -32,7 +32,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from components import beam_utils, schema
+from components import beam_utils
+from components.contract import schema
 from models import text
 
 NAMESPACE = "Preprocess"

@@ -2,7 +2,7 @@
 
 What is pushed is exactly what was evaluated: the Exporter's SavedModel
 folder, copied byte for byte. The Evaluation records the digest of the
-export it scored (`components.io_utils.tree_digest`); the Pusher refuses a
+export it scored (`components.contract.io_utils.tree_digest`); the Pusher refuses a
 SavedModel whose digest differs, and checks the copy's digest before
 publishing it.
 
@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 
-from components import io_utils, schema
+from components.contract import io_utils, schema
 
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
@@ -124,7 +124,7 @@ def publish_version(model_dir: str, build, keep_versions: int) -> tuple[int, str
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    from components.artifacts import fsync_tree
+    from components.contract.artifacts import fsync_tree
     fsync_tree(tmp)
     final = os.path.join(model_dir, str(version))
     while os.path.exists(final):  # a concurrent pusher took it

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from components import io_utils, schema
+from components.contract import io_utils, schema
 
 
 def iter_annotation_batches(uri: str, split: str, batch_size: int,

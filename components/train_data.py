@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from components import schema
+from components.contract import schema
 from models.text import PAD_ID
 
 # Batches of one length-sorted window (bucket_by_length), per replica.

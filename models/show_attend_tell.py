@@ -40,7 +40,7 @@ class ShowAttendTell(keras.Model):
     logits and losses are float32 under mixed precision, and so are the
     attention MLP's `tanh` and scores and the LSTM cell state.
 
-    The constructor takes the fields of `components.config.ModelConfig` as
+    The constructor takes the fields of `components.contract.config.ModelConfig` as
     keyword arguments, except that the config's
     `expected_alpha_warmup_epochs` arrives here as `expected_alpha_warmup`
     minibatches (the trainer multiplies by its steps per epoch).

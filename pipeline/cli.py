@@ -18,13 +18,13 @@ from pipeline import dag
 
 
 def _quiet(verbose: bool, command: str | None) -> None:
-    """Quiet by default (`components.quiet`); `--verbose` or CAPTIONER_VERBOSE=1 shows every log."""
+    """Quiet by default (`components.contract.quiet`); `--verbose` or CAPTIONER_VERBOSE=1 shows every log."""
     if verbose or os.environ.get("CAPTIONER_VERBOSE") == "1":
         os.environ["CAPTIONER_VERBOSE"] = "1"
         os.environ.pop("CAPTIONER_QUIET", None)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0")
         return
-    from components import quiet
+    from components.contract import quiet
     quiet.install(python_logs=command not in ("serve",))
 
 
@@ -142,7 +142,7 @@ def _cmd_inspect(args) -> int:
 
 def _blessing_of(execution: dict) -> dict:
     """`{"blessing": ...}`: an Evaluator execution's verdict, reasons and comparison rows."""
-    from components.artifacts import Artifact, ArtifactError
+    from components.contract.artifacts import Artifact, ArtifactError
     for e in execution["outputs"]:
         if e["type"] != "Blessing" or execution["state"] != "complete":
             continue
@@ -241,7 +241,7 @@ TensorBoard does needs a restart of this command to show."""
 
 # Stages whose work folder and artifact hold TensorBoard logs.
 LOG_STAGES = ("EncoderTrainer", "Trainer")
-LOGS_DIR = "logs"  # components.schema.LOGS_DIR (not imported: the CLI starts without it)
+LOGS_DIR = "logs"  # components.contract.schema.LOGS_DIR (not imported: the CLI starts without it)
 
 
 def _cmd_tensorboard(args) -> int:

@@ -1,7 +1,7 @@
 """Named configs and the config API of the pipeline and its CLI.
 
 The schema (the section dataclasses, `--set` overrides, `to_dict`) lives in
-`components.config`, below the stages that read it; this module adds the
+`components.contract.config`, below the stages that read it; this module adds the
 named configs shipped in `pipeline/configs/<name>.py` (each exposes
 `get_config()`) and re-exports the schema, so that named configs, user
 config files and the CLI have one module to import.
@@ -13,7 +13,7 @@ import json
 import os
 from typing import Sequence
 
-from components.config import (  # noqa: F401  (the config API in one place)
+from components.contract.config import (  # noqa: F401  (the config API in one place)
     BOXED_SOURCES, CHOICES, EVAL_METRICS, MAX_OBJECTS, REPORTED_METRICS, SECTIONS, ConfigError,
     DataConfig, DeclaredConfig, EncoderConfig,
     EvalConfig, ModelConfig,
@@ -21,7 +21,7 @@ from components.config import (  # noqa: F401  (the config API in one place)
     UndeclaredConfigError, apply_overrides, config_from_module, describe_fields,
     did_you_mean, from_dict, load_config_file, replace_section, to_dict, valid_keys,
     validate)
-from components.config_paths import check_paths  # noqa: F401
+from components.contract.config_paths import check_paths  # noqa: F401
 
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "configs")
 

@@ -42,7 +42,7 @@ class StageSpec:
       outputs: artifact name -> artifact type.
       config_sections: what the stage reads of the config: sections (`"model"`) or
         single keys (`"encoder.image_size"`). The stage can read nothing
-        else (`components.config.DeclaredConfig`), and exactly this keys
+        else (`components.contract.config.DeclaredConfig`), and exactly this keys
         the cache.
       resolved: input name -> `LatestArtifact`, inputs looked up in the
         metadata store rather than produced in this run.

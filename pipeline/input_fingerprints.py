@@ -1,6 +1,6 @@
 """Content fingerprints of what a stage reads from outside the pipeline root.
 
-A config key that names a file or folder (`components.config_paths.path_keys_read`:
+A config key that names a file or folder (`components.contract.config_paths.path_keys_read`:
 `data.captions_json`, `data.images_dir`, `data.tfds_data_dir`,
 `encoder.weights`, `train.init_model`) keys the cache of the stages that
 declare it with a record of the path's content, not only with the path:
@@ -30,8 +30,8 @@ import os
 import stat
 from typing import Mapping, Sequence
 
-from components.config import PipelineConfig, parse_declaration
-from components.config_paths import path_keys_read
+from components.contract.config import PipelineConfig, parse_declaration
+from components.contract.config_paths import path_keys_read
 
 # Files up to this size are hashed; larger ones are known by size and mtime.
 HASH_LIMIT = 64 * 2 ** 20

@@ -17,7 +17,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from components.artifacts import ARTIFACT_FILE, Artifact, ArtifactError
+from components.contract.artifacts import ARTIFACT_FILE, Artifact, ArtifactError
 
 _CHUNK = 1 << 20
 

@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from components.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
+from components.contract.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
 from pipeline import config as config_lib
 from pipeline import dag
 from pipeline import input_fingerprints

@@ -75,7 +75,7 @@ def test_serve_and_caption_through_the_client(tiny_run):
 
 def _test_ids(examples_uri):
     import tensorflow as tf
-    from components import io_utils, schema
+    from components.contract import io_utils, schema
     ids = set()
     for record in io_utils.read_records(schema.split_files(examples_uri, "test")):
         ex = tf.train.Example.FromString(record)
@@ -112,7 +112,7 @@ def test_attention_signal_analysis_runs_on_a_pipeline_root(tiny_run):
 
 def _properties(uri):
     """An artifact's properties, paths resolved against the root it lies in."""
-    from components.artifacts import Artifact
+    from components.contract.artifacts import Artifact
     return dict(Artifact.load(uri).properties)
 
 

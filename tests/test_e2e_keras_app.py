@@ -20,7 +20,7 @@ IMAGE_SIZE, GRID = 48, [3, 3, 512]
 
 def _properties(artifact_uri):
     """An artifact's properties, paths resolved against the root it lies in."""
-    from components.artifacts import Artifact
+    from components.contract.artifacts import Artifact
     return dict(Artifact.load(artifact_uri).properties)
 
 

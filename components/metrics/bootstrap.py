@@ -31,7 +31,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from components.config import CAPTION_METRICS, GROUNDING_METRICS
+from components.contract.config import CAPTION_METRICS, GROUNDING_METRICS
 from components.metrics.grounding import COUNT_KEYS
 
 # What `paired_bootstrap` compares, in order (the Blessing's metrics).

@@ -1,7 +1,7 @@
 """`python -m components.trainer` (see components/trainer/worker.py)."""
 import sys
 
-from components import quiet
+from components.contract import quiet
 
 quiet.install_if_asked()  # before anything imports TensorFlow
 

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from components import schema
+from components.contract import schema
 
 HISTORY = schema.HISTORY_FILE
 

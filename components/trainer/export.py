@@ -14,7 +14,8 @@ import shutil
 import time
 from typing import Any, Callable
 
-from components import distribute, schema
+from components import distribute
+from components.contract import schema
 from components.trainer import checkpointing
 from components.trainer.summaries import scalar_value
 from components.trainer.timing import Timing
@@ -44,7 +45,7 @@ class TrainedRun:
       timing: this attempt's step timing.
       log: one line of progress text.
       final: the last step's results.
-      precision: the resolved `components.precision.Precision`.
+      precision: the resolved `components.contract.precision.Precision`.
       best_path: the best model of the run (default `<work_dir>/best.keras`).
       metric: the validation metric that chose it.
       history: the epoch rows (default: `<work_dir>/history.jsonl`).

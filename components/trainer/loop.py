@@ -16,9 +16,10 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from components import config as config_lib
-from components import distribute, schema
-from components import precision as precision_lib
+from components.contract import config as config_lib
+from components import distribute
+from components.contract import schema
+from components.contract import precision as precision_lib
 from components.trainer import checkpointing, summaries
 from components.trainer.export import LOG, TrainedRun, export
 from components.trainer.sync import broadcast_from_chief, chief_values
@@ -179,7 +180,7 @@ class TrainingLoop:
       work_dir: checkpoints, logs, history and `best.keras`.
       log: one line of progress text (only the chief's lines are shown).
       started: when the run began (default: now).
-      precision: the resolved `components.precision.Precision` (default: the config's
+      precision: the resolved `components.contract.precision.Precision` (default: the config's
         policy, as set).
     """
 

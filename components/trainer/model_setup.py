@@ -9,7 +9,7 @@ def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = No
     """A built `ShowAttendTell` from the `ModelConfig` fields (in the current dtype policy).
 
     Args:
-      model_config: `components.config.ModelConfig`.
+      model_config: `components.contract.config.ModelConfig`.
       vocab_size: tokens in the vocabulary, reserved ones included.
       grid_shape: `[H, W, D]` of the annotations.
       seed: seeds the model's sampler, dropout and coin flips.
@@ -32,7 +32,7 @@ def learning_rate_schedule(train_config, total_steps: int):
     """`train.learning_rate` constant or cosine-decayed to 0, after `warmup_steps` linear warmup.
 
     Args:
-      train_config: `components.config.TrainConfig`.
+      train_config: `components.contract.config.TrainConfig`.
       total_steps: the steps the schedule spans.
     Returns:
       A float (constant, no warmup) or a Keras `CosineDecay` schedule.
@@ -58,7 +58,7 @@ def make_optimizer(train_config, total_steps: int):
     """Adam or RMSProp (paper section 4.3) on the schedule; loss scaling for mixed_float16.
 
     Args:
-      train_config: `components.config.TrainConfig`.
+      train_config: `components.contract.config.TrainConfig`.
       total_steps: the steps of the whole run (for the schedule).
     Returns:
       A Keras optimizer, wrapped in a `LossScaleOptimizer` under mixed_float16.
@@ -79,7 +79,7 @@ def make_optimizer(train_config, total_steps: int):
 def start_file(path: str) -> str:
     """The `.keras` file to start from: the file itself, or a Model folder's served file."""
     import os
-    from components import schema
+    from components.contract import schema
     return schema.model_file(path) if os.path.isdir(path) else path
 
 

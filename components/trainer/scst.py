@@ -17,8 +17,8 @@ import json
 import math
 import os
 
-from components import config as config_lib
-from components import schema
+from components.contract import config as config_lib
+from components.contract import schema
 from components.trainer import checkpointing, summaries
 from components.trainer.export import LOG
 from components.trainer.loop import TrainingLoop

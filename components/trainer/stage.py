@@ -40,7 +40,7 @@ def run(ctx) -> dict:
     Returns:
       `{"model": {"counts": {...}, "properties": {...}}}`.
     """
-    from components import config as config_lib
+    from components.contract import config as config_lib
     if ctx.config.train.init_model and not os.path.isabs(ctx.config.train.init_model):
         # From the command's folder; a child trainer runs elsewhere.
         ctx.config = config_lib.replace_section(

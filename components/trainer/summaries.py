@@ -1,13 +1,13 @@
 """The Trainer's TensorBoard summaries: step scalars, attention images and captions.
 
 Scalars, the flushing writer and the plugin metadata come from
-`components.summary_writer` (shared with the EncoderTrainer); each entry
+`components.contract.summary_writer` (shared with the EncoderTrainer); each entry
 carries TensorBoard's plugin metadata (scalars, images, text), so the event
 files read as if written by `tf.summary.scalar` and friends.
 """
 from __future__ import annotations
 
-from components.summary_writer import (  # noqa: F401  (the Trainer's modules use them from here)
+from components.contract.summary_writer import (  # noqa: F401  (the Trainer's modules use them from here)
     FLUSH_SECONDS, file_writer, scalar_value, summary_metadata, summary_scalar, write_scalars)
 
 

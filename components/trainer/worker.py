@@ -32,8 +32,8 @@ def main(argv=None) -> int:
     Every worker of a multi-worker job runs this with its own `TF_CONFIG`
     (the chief may run the pipeline's Trainer stage instead).
     """
-    from components import config as config_lib
-    from components.artifacts import Artifact, ArtifactError
+    from components.contract import config as config_lib
+    from components.contract.artifacts import Artifact, ArtifactError
     p = argparse.ArgumentParser(prog="python -m components.trainer", description=main.__doc__)
     p.add_argument("--annotations", required=True, help="Annotations artifact folder")
     p.add_argument("--vocabulary", required=True, help="Vocabulary artifact folder")

@@ -7,7 +7,8 @@ import os
 import apache_beam as beam
 import pytest
 
-from components import beam_utils, io_utils
+from components import beam_utils
+from components.contract import io_utils
 
 
 def _write(tmp_path, records, **kwargs) -> list[str]:

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from components.config import EvalConfig
+from components.contract.config import EvalConfig
 from components.metrics.blessing import blessing_decision, format_rows
 from components.metrics.bootstrap import (METRICS, ImageStats, bleu_stats, corpus_bleu,
                                           corpus_meteor, image_stats, metric_values,

@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 
-from components import encoder_trainer, example_gen, schema
+from components import encoder_trainer, example_gen
+from components.contract import schema
 from components.sources.synthetic import generate
 from pipeline.config import DataConfig, EncoderConfig, PipelineConfig
-from components.artifacts import Artifact
+from components.contract.artifacts import Artifact
 from pipeline.runner import StageContext
 
 

@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from components import evaluator, io_utils, schema
-from components.artifacts import Artifact
+from components import evaluator
+from components.contract import io_utils, schema
+from components.contract.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 
@@ -57,7 +58,7 @@ def _evaluate(tmp_path, monkeypatch, candidate, baseline=None, examples=None, **
         os.makedirs(folder)
     config = PipelineConfig()
     if eval_changes:
-        from components.config import replace_section
+        from components.contract.config import replace_section
         config = replace_section(config, "eval", **eval_changes)
     ctx = StageContext(stage="Evaluator", config=config, inputs=inputs, outputs=outputs,
                        work_dir=str(run_dir), root=str(tmp_path), execution_id=1)
@@ -121,7 +122,7 @@ def test_the_same_model_blesses_itself(tmp_path, monkeypatch):
 
 
 def test_a_baseline_exported_with_other_decoding_is_exported_again(tmp_path, monkeypatch):
-    from components import export_model
+    from components.contract import export_model
     candidate = _serving_model(tmp_path, "image")
     baseline = _serving_model(tmp_path, "square")
     baseline = Artifact(type="ServingModel", uri=baseline.uri, properties={

@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import example_gen, io_utils, schema
+from components import example_gen
+from components.contract import io_utils, schema
 from components.sources.base import RawExample
 from pipeline.config import DataConfig
 
@@ -207,7 +208,7 @@ def test_max_images_limits_accepted_images(tmp_path):
 
 
 def test_undecodable_image_reason_is_the_same_in_every_run():
-    from components.io_utils import inspect_image
+    from components.contract.io_utils import inspect_image
     reasons = set()
     for _ in range(2):
         with pytest.raises(ValueError) as info:

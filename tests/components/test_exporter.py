@@ -4,8 +4,9 @@ import os
 
 import pytest
 
-from components import exporter, io_utils, schema
-from components.artifacts import Artifact
+from components import exporter
+from components.contract import io_utils, schema
+from components.contract.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 

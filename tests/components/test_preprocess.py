@@ -11,12 +11,13 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import beam_utils, example_gen, io_utils, preprocess, schema
+from components import beam_utils, example_gen, preprocess
+from components.contract import io_utils, schema
 from components.sources.base import RawExample
 from models import text
 from models.encoder import build_encoder
 from models.image_ops import decode_and_resize
-from components.artifacts import Artifact, write_artifact_json
+from components.contract.artifacts import Artifact, write_artifact_json
 from pipeline.config import DataConfig, PipelineConfig, PreprocessConfig
 from pipeline.runner import StageContext
 
@@ -225,7 +226,7 @@ def test_dead_letters_and_count_conservation(in_process):
         lines = sorted((json.loads(line) for line in f if line.strip()),
                        key=lambda d: d["id"])
     assert [(d["id"], d["split"]) for d in lines] == [(BAD_ID, "train"), (NO_IMAGE_ID, "val")]
-    # One dead-letter shape for every stage (components.schema.dead_letter).
+    # One dead-letter shape for every stage (components.contract.schema.dead_letter).
     assert all(list(d) == ["id", "reason", "split", "path"] for d in lines)
     assert lines[1]["path"].endswith(".tfrecord")   # the shard the bad record came from
     assert lines[0]["reason"].startswith("undecodable image")

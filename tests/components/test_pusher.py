@@ -7,8 +7,9 @@ import pytest
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from components import pusher, schema
-from components.artifacts import Artifact
+from components import pusher
+from components.contract import schema
+from components.contract.artifacts import Artifact
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 
@@ -106,7 +107,7 @@ def test_not_blessed_pushes_nothing(tmp_path, capsys):
 
 def _pusher_context(tmp_path, evaluated_digest=None, blessed=True):
     """A Pusher context over a fixture SavedModel in a ServingModel folder."""
-    from components import io_utils
+    from components.contract import io_utils
     from tests.serving.fixtures import build_fixture_model, solid_image
     serving_uri = tmp_path / "serving_model"
     saved = build_fixture_model(str(serving_uri / schema.SAVED_MODEL_DIR),
@@ -127,7 +128,7 @@ def _pusher_context(tmp_path, evaluated_digest=None, blessed=True):
 
 
 def test_the_pushed_version_is_a_byte_for_byte_copy_of_the_evaluated_export(tmp_path):
-    from components import io_utils
+    from components.contract import io_utils
     ctx, saved, digest = _pusher_context(tmp_path)
     properties = pusher.run(ctx)["pushed_model"]["properties"]
     assert properties["pushed"] is True and properties["version"] == 1

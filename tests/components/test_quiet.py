@@ -14,7 +14,7 @@ def _env():
 
 
 def test_native_log_lines_are_filtered():
-    from components.quiet import filter_native_logs
+    from components.contract.quiet import filter_native_logs
     text = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
             "STDERR\n"
             "I0000 00:00:1795691193.598091   18521 port.cc:153] oneDNN custom operations are on.\n"
@@ -24,7 +24,7 @@ def test_native_log_lines_are_filtered():
 
 
 def test_quiet_tensorflow_start_up():
-    code = ("from components import quiet\nquiet.install()\nimport tensorflow as tf\n"
+    code = ("from components.contract import quiet\nquiet.install()\nimport tensorflow as tf\n"
             "import keras\nprint(int(tf.constant(1) + 1))")
     env = _env()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -35,7 +35,7 @@ def test_quiet_tensorflow_start_up():
 
 
 def test_install_if_asked_only_when_asked():
-    code = ("import sys\nfrom components import quiet\nquiet.install_if_asked()\n"
+    code = ("import sys\nfrom components.contract import quiet\nquiet.install_if_asked()\n"
             "print(any(type(f).__name__ == '_QuietFinder' for f in sys.meta_path))")
     for asked, expected in (("1", "True"), ("", "False")):
         env = dict(_env(), CAPTIONER_QUIET=asked)

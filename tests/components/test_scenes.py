@@ -331,7 +331,7 @@ def test_source_is_registered_with_boxes():
 
 def test_example_gen_writes_scenes_with_boxes(tmp_path):
     import tensorflow as tf
-    from components import io_utils, schema
+    from components.contract import io_utils, schema
     from pipeline import config as config_lib
     from pipeline.runner import Runner
     config = config_lib.load_config("scenes", ["data.num_images=12", "data.image_size=32"])

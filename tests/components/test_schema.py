@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import io_utils, schema
+from components.contract import io_utils, schema
 from models import text
 
 GRID = (2, 3, 4)

@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import distribute, schema, train_data, trainer
+from components import distribute, train_data, trainer
+from components.contract import schema
 from components.trainer import checkpointing, model_setup
 from models.text import PAD_ID
 from pipeline import config as config_lib
-from components.artifacts import Artifact
+from components.contract.artifacts import Artifact
 from pipeline.config import ModelConfig, PipelineConfig, TrainConfig
 from pipeline import dag
 from pipeline.runner import Runner, StageContext
@@ -358,7 +359,7 @@ def test_streamed_and_cached_training_give_the_same_model(source, tmp_path, capf
 
 def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkeypatch, capfd):
     import keras
-    from components import precision
+    from components.contract import precision
     chosen = precision.Precision("mixed_bfloat16", "auto", "no GPU; CPU flag avx512_bf16")
     monkeypatch.setattr(precision, "choose_auto", lambda: chosen)
     # The stage's view of the config, as the runner passes it: only the declared sections.

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from components.artifacts import Artifact, write_artifact_json  # noqa: E402
+from components.contract.artifacts import Artifact, write_artifact_json  # noqa: E402
 from pipeline.dag import StageSpec  # noqa: E402
 
 GRID = (3, 3, 8)
@@ -56,7 +56,7 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
       `(annotations_uri, vocabulary_uri)`.
     """
     import tensorflow as tf
-    from components import schema
+    from components.contract import schema
     from models import text
     vocab = list(text.RESERVED) + list(WORDS)
     word_to_id = {w: i for i, w in enumerate(vocab)}

@@ -35,7 +35,7 @@ def _write(ctx) -> dict:
 
 def _read(ctx) -> dict:
     import tensorflow as tf
-    from components import io_utils
+    from components.contract import io_utils
     src = ctx.inputs["x"]
     files = [src.path(shard_name(i)) for i in range(SHARDS)]
     if ctx.stage == "R":

@@ -118,7 +118,8 @@ def test_cross_key_rules(overrides, message):
 
 
 def test_choices_match_what_the_stages_accept():
-    from components import distribute, evaluator, precision, train_data
+    from components import distribute, evaluator, train_data
+    from components.contract import precision
     from components.metrics import bootstrap
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell

@@ -1,7 +1,7 @@
 """Config: `eval.change_thresholds`, the Blessing's bounds on the change from the pushed model."""
 import pytest
 
-from components import config as components_config
+from components.contract import config as components_config
 from pipeline import config as config_lib
 from pipeline.cli import config_reference_markdown
 

@@ -1,4 +1,4 @@
-"""Generated docs must not go stale: the README's config reference, docs/ARTIFACTS.md."""
+"""Docs must not go stale: the config reference, docs/ARTIFACTS.md, the README, relative links."""
 import os
 
 import pytest
@@ -6,10 +6,10 @@ import pytest
 from pipeline import docgen
 
 
-def test_readme_config_reference_is_current():
-    with open(docgen.README, encoding="utf-8") as f:
+def test_config_reference_is_current():
+    with open(docgen.CONFIGURATION, encoding="utf-8") as f:
         text = f.read()
-    assert docgen.render(text) == text, "README config reference is stale: run `make docs`"
+    assert docgen.render(text) == text, "config reference is stale: run `make docs`"
 
 
 def test_readme_shows_the_two_commands():
@@ -25,7 +25,7 @@ def test_artifacts_doc_is_generated_from_the_schema():
 
 
 def test_artifacts_doc_names_every_record_key():
-    from components import schema
+    from components.contract import schema
     text = docgen.artifacts_markdown()
     keys = [k for f in schema.EXAMPLE_FEATURES + schema.ANNOTATION_FEATURES for k in f.keys]
     assert keys and all(f"`{k}`" in text for k in keys)
@@ -68,8 +68,8 @@ def _reference_rows(markdown: str) -> dict[str, str]:
     return rows
 
 
-def _readme_reference() -> str:
-    with open(docgen.README, encoding="utf-8") as f:
+def _docs_reference() -> str:
+    with open(docgen.CONFIGURATION, encoding="utf-8") as f:
         text = f.read()
     return text[text.index(docgen.START):text.index(docgen.END)]
 
@@ -85,7 +85,7 @@ def test_listed_choices_reads_every_comment_style():
 
 
 def test_every_comment_that_lists_values_lists_exactly_the_validated_choices():
-    from components.config import CHOICES, describe_fields
+    from components.contract.config import CHOICES, describe_fields
     comments = {key: comment for key, _, _, comment in describe_fields()}
     assert set(CHOICES) <= set(comments)
     for key, comment in comments.items():
@@ -97,12 +97,12 @@ def test_every_comment_that_lists_values_lists_exactly_the_validated_choices():
             assert listed == [], (key, comment)
 
 
-@pytest.mark.parametrize("where", ["generated", "README"])
+@pytest.mark.parametrize("where", ["generated", "docs"])
 def test_the_config_reference_lists_exactly_the_validated_choices(where):
-    from components.config import CHOICES
+    from components.contract.config import CHOICES
     from pipeline.cli import config_reference_markdown
     rows = _reference_rows(config_reference_markdown() if where == "generated"
-                           else _readme_reference())
+                           else _docs_reference())
     assert set(CHOICES) <= set(rows), sorted(set(CHOICES) - set(rows))
     for key, choices in CHOICES.items():
         assert _listed_choices(rows[key]) == list(choices), (key, rows[key])

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 from PIL import Image
 
-from components.config_paths import _PATH_KEYS
+from components.contract.config_paths import _PATH_KEYS
 from pipeline import config as config_lib
 from pipeline import dag
 from pipeline import input_fingerprints as fps
@@ -125,7 +125,7 @@ def test_tfds_reads_the_datasets_folder_of_its_data_dir(tmp_path, monkeypatch):
 
 
 def test_the_product_stages_declare_the_path_keys_they_read(tmp_path):
-    # Every key of components.config_paths._PATH_KEYS in use, by coco and by tfds.
+    # Every key of components.contract.config_paths._PATH_KEYS in use, by coco and by tfds.
     common = ["encoder.kind=keras_app", f"encoder.weights={tmp_path / 'w.h5'}",
               f"train.init_model={tmp_path / 'model'}"]
     read = {}

@@ -7,7 +7,7 @@ import sqlite3
 import google_crc32c
 import pytest
 
-from components.artifacts import ARTIFACT_FILE, Artifact
+from components.contract.artifacts import ARTIFACT_FILE, Artifact
 from pipeline import cli
 from pipeline import config as config_lib
 from pipeline import integrity

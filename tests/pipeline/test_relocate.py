@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from components.artifacts import ARTIFACT_FILE, Artifact
+from components.contract.artifacts import ARTIFACT_FILE, Artifact
 from pipeline import config as config_lib
 from pipeline.runner import Runner, inspect
 from tests.pipeline import fake_stages, fake_stages_serving

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeline import config as config_lib
-from components.artifacts import Artifact, ArtifactError
+from components.contract.artifacts import Artifact, ArtifactError
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 

@@ -37,9 +37,10 @@ import time
 
 import pytest
 
-from components import io_utils, pusher, schema
+from components.contract import io_utils, schema
+from components import pusher
 from pipeline import dag
-from components.artifacts import Artifact
+from components.contract.artifacts import Artifact
 from pipeline.runner import inspect
 from tests.reliability.test_pipeline_faults import read_jsonl, record_ids
 from tests.serving.conftest import model_store  # noqa: F401  (the fixture SavedModels)

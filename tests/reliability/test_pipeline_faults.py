@@ -29,10 +29,10 @@ import sys
 import pytest
 from PIL import Image
 
-from components import io_utils, schema
+from components.contract import io_utils, schema
 from components.sources.synthetic import generate
 from pipeline import config as config_lib
-from components.artifacts import Artifact
+from components.contract.artifacts import Artifact
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 from tests.test_e2e import REPO, _captioner

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import config as config_lib
+from components.contract import config as config_lib
 from components import trainer
 from components.trainer import checkpointing, scst
 from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, make_scst_step

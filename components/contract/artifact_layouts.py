@@ -1,16 +1,12 @@
 """What each artifact type holds, as data: docs/ARTIFACTS.md is rendered from it (`make docs`).
 
-The file names and record features themselves are `components.schema`'s.
+The file names and record features themselves are `components.contract.schema`'s.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from components.schema import (
-    ANNOTATIONS_PREFIX, ANNOTATION_FEATURES, BEST_MODEL_FILE, CHECKPOINTS_DIR, COUNTS_FILE,
-    DEAD_LETTERS_FILE, ENCODER_FILE, EXAMPLES_PREFIX, EXAMPLE_FEATURES, EXPORT_RECORD,
-    GRID_SHAPE, HISTORY_FILE, LOGS_DIR, MODEL_CONFIG_FILE, MODEL_FILE, SAVED_MODEL_DIR, SPLITS,
-    VOCAB_FILE)
+from components.contract.schema import ANNOTATIONS_PREFIX, ANNOTATION_FEATURES, BEST_MODEL_FILE, CHECKPOINTS_DIR, COUNTS_FILE, DEAD_LETTERS_FILE, ENCODER_FILE, EXAMPLES_PREFIX, EXAMPLE_FEATURES, EXPORT_RECORD, GRID_SHAPE, HISTORY_FILE, LOGS_DIR, MODEL_CONFIG_FILE, MODEL_FILE, SAVED_MODEL_DIR, SPLITS, VOCAB_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +61,7 @@ ARTIFACT_LAYOUTS = (
         "`preprocess.max_shard_mb`) unless `preprocess.num_shards` fixes it; readers take "
         f"every shard of a split folder. `properties`: `{GRID_SHAPE}`, `num_records` and "
         "`num_shards` (per split). Parsed by "
-        "`components.schema.parse_annotations` (tf.data) and `decode_annotations` (NumPy)."),
+        "`components.contract.schema.parse_annotations` (tf.data) and `decode_annotations` (NumPy)."),
     ArtifactLayout(
         "Vocabulary", "Preprocess",
         ((VOCAB_FILE, "one token per line, the id is the line number (no blank lines); ids "

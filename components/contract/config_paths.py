@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from components.config import ConfigError, PipelineConfig
+from components.contract.config import ConfigError, PipelineConfig
 
 
 # Paths each stage reads: (stage, key, "file" | "dir" | "path" (either)).

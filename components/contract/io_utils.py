@@ -1,6 +1,6 @@
 """File helpers shared by stages: reading TFRecords, checking images, the dead-letter file.
 
-What the records hold is `components.schema`.
+What the records hold is `components.contract.schema`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import re
 from typing import Iterable, Iterator
 
-from components import schema
+from components.contract import schema
 
 IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png", "BMP": "bmp", "GIF": "gif"}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 
-from components import schema
+from components.contract import schema
 
 
 def decoding_settings(eval_config) -> dict:
