@@ -3,8 +3,9 @@
 Hypothesis (derandomized, no database, no shrinking: a fixed, repeatable
 budget) draws categorized requests, each with the exact status it must get
 (and, where stable, the message). After every BATCH requests the process must
-still be alive and a valid request must get the right caption; at the end the
-server log must hold no unhandled exception and SIGTERM must stop it cleanly.
+still be alive and a valid request must get the right caption, and after each
+run the server log must hold no unhandled exception. A server of its own takes
+a few requests of every category, then must stop cleanly on SIGTERM.
 
 gRPC categories (>= 1000 requests): random bytes as an image, random bytes
 behind an image signature, truncated PNG/JPEG/GIF/BMP/WebP files, headers
@@ -73,6 +74,7 @@ MAX_REQUEST_BYTES = 256 * 1024
 MAX_IMAGE_PIXELS = 250_000
 BATCH = 10  # requests between liveness checks
 BOMB_SECONDS = 2.0  # a bomb is refused from its header, not by decoding it
+SAMPLE = 2  # requests per category for the clean-log test's own server
 
 OK = grpc.StatusCode.OK
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -100,8 +102,7 @@ PATH_NAMES = ("../../etc/passwd", "..", ".", "/", "/etc/passwd", "../captioner",
 # -- the server under test ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store, serve_process):
+def _start_server(model_store, serve_process, tmp_path_factory):
     base = tmp_path_factory.mktemp("fuzz") / "captioner"
     base.mkdir()
     publish_version(model_store["image"], str(base), 1)
@@ -112,6 +113,11 @@ def server(tmp_path_factory, model_store, serve_process):
     process.base = str(base)
     process.rss_start = process.rss_mb()
     return process
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_store, serve_process):
+    return _start_server(model_store, serve_process, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -809,7 +815,15 @@ def summary(title: str, counts: collections.Counter, codes: collections.Counter)
     return f"{title}: total={sum(counts.values())} | {per_category} | codes: {per_code}"
 
 
-def test_grpc_fuzz(server, channel):
+def assert_log_clean(server) -> None:
+    """No request reached the server's catch-all handlers (unexpected exceptions)."""
+    log = server.log()
+    assert "unexpected error" not in log, log[-3000:]
+    assert not re.search(r"REST \w+ \S+ failed", log), log[-3000:]
+
+
+def grpc_fuzz(server, channel, budget) -> tuple:
+    """Sends `budget`'s cases over gRPC, checking each: (counts, codes, slowest, kinds)."""
     client = GrpcClient(channel)
     counts, codes, slowest = collections.Counter(), collections.Counter(), collections.Counter()
     kinds = collections.Counter()
@@ -832,9 +846,15 @@ def test_grpc_fuzz(server, channel):
         if sum(counts.values()) % BATCH == 0:
             check_alive_grpc(server, client)
 
-    for strategy, examples in GRPC_BUDGET.values():
+    for strategy, examples in budget.values():
         settings(FUZZ, max_examples=examples)(given(strategy)(fuzz))()
     check_alive_grpc(server, client)
+    return counts, codes, slowest, kinds
+
+
+def test_grpc_fuzz(server, channel):
+    counts, codes, slowest, kinds = grpc_fuzz(server, channel, GRPC_BUDGET)
+    assert_log_clean(server)
     line = summary("gRPC fuzz", counts, codes)
     print("\n" + line)
     print("gRPC kinds: " + " ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
@@ -1178,7 +1198,8 @@ def check_alive_rest(server, client: RestClient):
     assert status == 200 and body["predictions"][0]["caption"] == expected_caption(GREEN), body
 
 
-def test_rest_fuzz(server):
+def rest_fuzz(server, budget) -> tuple:
+    """Sends `budget`'s cases over REST, checking each: (counts, codes)."""
     client = RestClient(server.rest_url)
     counts, codes = collections.Counter(), collections.Counter()
 
@@ -1195,9 +1216,15 @@ def test_rest_fuzz(server):
         if sum(counts.values()) % BATCH == 0:
             check_alive_rest(server, client)
 
-    for strategy, examples in REST_BUDGET.values():
+    for strategy, examples in budget.values():
         settings(FUZZ, max_examples=examples)(given(strategy)(fuzz))()
     check_alive_rest(server, client)
+    return counts, codes
+
+
+def test_rest_fuzz(server):
+    counts, codes = rest_fuzz(server, REST_BUDGET)
+    assert_log_clean(server)
     line = summary("REST fuzz", counts, codes)
     print("\n" + line)
     assert sum(counts.values()) >= 300, line
@@ -1247,12 +1274,23 @@ def test_tensor_parsing_never_raises_anything_else():
     assert checked["refused"] > 50 and checked["parsed"] > 50
 
 
-def test_server_log_is_clean_and_it_stops_cleanly(server):
-    """No request reached the catch-all handlers (unexpected exceptions), and the process
-    that took every request above exits 0 on SIGTERM."""
+def test_server_log_is_clean_and_it_stops_cleanly(model_store, serve_process,
+                                                  tmp_path_factory):
+    """A server of its own takes a few cases of every category: none reaches the catch-all
+    handlers (unexpected exceptions), and it exits 0 on SIGTERM."""
+    server = _start_server(model_store, serve_process, tmp_path_factory)
+    channel = grpc.insecure_channel(server.grpc_address)
+    try:
+        grpc_counts, _, _, _ = grpc_fuzz(server, channel, {
+            name: (strategy, SAMPLE) for name, (strategy, _) in GRPC_BUDGET.items()})
+        rest_counts, _ = rest_fuzz(server, {
+            name: (strategy, SAMPLE) for name, (strategy, _) in REST_BUDGET.items()})
+    finally:
+        channel.close()
+    assert sum(grpc_counts.values()) >= len(GRPC_BUDGET), grpc_counts
+    assert sum(rest_counts.values()) >= len(REST_BUDGET), rest_counts
     rss = server.rss_mb()
-    log = server.log()
-    assert "unexpected error" not in log, log[-3000:]
-    assert not re.search(r"REST \w+ \S+ failed", log), log[-3000:]
+    assert_log_clean(server)
     assert server.stop() == 0
-    print(f"\nserver RSS: {server.rss_start:.0f} MB after start, {rss:.0f} MB after fuzzing")
+    print(f"\nserver RSS: {server.rss_start:.0f} MB after start, {rss:.0f} MB after "
+          f"{sum(grpc_counts.values())} gRPC and {sum(rest_counts.values())} REST requests")
