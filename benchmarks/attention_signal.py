@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
     from components.contract import schema
     from components.split_readers import read_annotations
-    from components.sources.shapes_grammar import parse_caption
+    from components.synthetic.shapes_grammar import parse_caption
     from models import text as text_lib
 
     trainer = (os.path.join(args.root, "Trainer", str(args.execution), "model")

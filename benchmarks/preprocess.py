@@ -73,8 +73,8 @@ def make_jpegs(n: int, size: tuple[int, int], seed: int = 0) -> list[bytes]:
 
 def make_artifacts(root: str, name: str, n: int, seed: int = 0):
     """An Examples artifact of `n` generated JPEGs and an Encoder artifact; returns both."""
-    from components import example_gen
-    from components.sources.base import RawExample
+    from components.example_gen import stage as example_gen
+    from components.contract.raw_example import RawExample
     from models.encoder import build_encoder
     from components.contract.artifacts import Artifact, write_artifact_json
     from pipeline.config import DataConfig

@@ -3,7 +3,7 @@
 Does the model look at an object while naming it (Xu et al. 2015, section 5.4
 shows this qualitatively; the synthetic boxes let us count it), and does the
 caption name the right objects and a true relation? Captions are parsed with
-the scenes parser (`components/sources/scenes_grammar.py`), which reads every
+the scenes parser (`components/synthetic/scenes_grammar.py`), which reads every
 shapes caption exactly as the shapes grammar does and also understands the
 scenes words (more kinds and colors, synonyms, counted plurals).
 
@@ -17,8 +17,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from components.sources.scenes_grammar import parse_caption
-from components.sources.shapes_grammar import relation_holds
+from components.synthetic.scenes_grammar import parse_caption
+from components.synthetic.shapes_grammar import relation_holds
 
 
 COUNT_KEYS = ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",

@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from components import encoder_trainer, example_gen
+from components import encoder_trainer
+from components.example_gen import stage as example_gen
 from components.contract import schema
-from components.sources.synthetic import generate
+from components.synthetic.shapes import generate
 from pipeline.config import DataConfig, EncoderConfig, PipelineConfig
 from components.contract.artifacts import Artifact
 from pipeline.runner import StageContext

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import example_gen
+from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
-from components.sources.base import RawExample
+from components.contract.raw_example import RawExample
 from pipeline.config import DataConfig
 
 
@@ -45,7 +45,7 @@ def _dead_letters(uri):
 
 
 def test_synthetic_records_match_the_generator(tmp_path):
-    from components.sources.synthetic import generate
+    from components.synthetic.shapes import generate
     cfg = DataConfig(num_images=30, image_size=32, seed=3, val_fraction=0.2, test_fraction=0.2)
     counts = example_gen.write_examples(
         generate(30, image_size=32, seed=3), str(tmp_path), cfg, total=30)
@@ -115,7 +115,7 @@ def _write_images(folder, names, fmt="JPEG"):
 
 
 def test_coco_source(tmp_path):
-    from components.sources.coco import read_coco
+    from components.example_gen.sources.coco import read_coco
     _write_images(tmp_path / "imgs", ["a.jpg", "b.jpg"])
     (tmp_path / "imgs" / "bad.jpg").write_bytes(b"\xff\xd8\xff broken")
     captions = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"},
@@ -139,7 +139,7 @@ def test_coco_source(tmp_path):
 
 
 def test_karpathy_source_keeps_its_splits(tmp_path):
-    from components.sources.karpathy import read_karpathy
+    from components.example_gen.sources.karpathy import read_karpathy
     _write_images(tmp_path / "imgs" / "val2014", ["v.jpg"])
     _write_images(tmp_path / "imgs" / "train2014", ["t.jpg", "r.jpg", "s.jpg"])
     data = {"images": [
@@ -164,7 +164,7 @@ def test_karpathy_source_keeps_its_splits(tmp_path):
 
 def test_tfds_source_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
-    from components.sources.tfds_source import read_tfds
+    from components.example_gen.sources.tfds_source import read_tfds
     rng = np.random.default_rng(0)
     images = {"train": 3, "val": 2, "test": 1}
 

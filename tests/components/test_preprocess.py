@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import beam_utils, example_gen, preprocess
+from components import beam_utils, preprocess
+from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
-from components.sources.base import RawExample
+from components.contract.raw_example import RawExample
 from models import text
 from models.encoder import build_encoder
 from models.image_ops import decode_and_resize

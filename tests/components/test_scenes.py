@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.sources import get_source, has_boxes
-from components.sources import scenes
-from components.sources import scenes_grammar as g
-from components.sources import shapes_grammar
-from components.sources import synthetic
+from components.example_gen.sources import get_source, has_boxes
+from components.synthetic import scenes
+from components.synthetic import scenes_grammar as g
+from components.synthetic import shapes_grammar
+from components.synthetic import shapes as synthetic
 from tests.components.sources.raw_examples import check_object, decoded_png_example
 
 N = 120

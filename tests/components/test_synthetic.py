@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.sources import shapes_grammar as g
-from components.sources import synthetic
+from components.synthetic import shapes_grammar as g
+from components.synthetic import shapes as synthetic
 from tests.components.sources.raw_examples import check_object, decoded_png_example
 
 
@@ -211,7 +211,7 @@ def test_make_captions_counts_and_fractions():
 
 def test_tfds_builder_loads_with_the_generator_contents(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
-    import components.sources.tfds_shapes  # noqa: F401 - registers the builder
+    import tests.components.sources.tfds_shapes  # noqa: F401 - registers the builder
 
     builder = tfds.builder("synthetic_shapes/tiny", data_dir=str(tmp_path))
     builder.download_and_prepare()

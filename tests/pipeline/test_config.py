@@ -123,11 +123,11 @@ def test_choices_match_what_the_stages_accept():
     from components.metrics import bootstrap
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
-    from components.sources import BOXED_SOURCES, SOURCES
+    from components.example_gen.sources import BOXED_SOURCES, SOURCES
     choices = config_lib.CHOICES
     assert choices["data.source"] == tuple(SOURCES)
     assert set(config_lib.BOXED_SOURCES) == BOXED_SOURCES
-    from components.sources import scenes
+    from components.synthetic import scenes
     assert config_lib.MAX_OBJECTS == {"synthetic": 3, "scenes": scenes.MAX_OBJECTS}
     assert choices["model.attention"] == show_attend_tell.ATTENTIONS
     assert choices["model.hard_inference"] == hard_attention.INFERENCE_MODES

@@ -14,7 +14,7 @@ def _rel(paths):
 def test_evaluator_closure_has_what_it_really_imports():
     files = _rel(imports.import_closure("components.evaluator").values())
     # Through the grounding metric and the figures module.
-    assert "components/sources/shapes_grammar.py" in files
+    assert "components/synthetic/shapes_grammar.py" in files
     assert "serving/attention_figure.py" in files
     assert "models/decoding.py" in files          # imported inside a function
     assert "components/__init__.py" in files      # packages run their __init__ first
@@ -47,7 +47,7 @@ def test_editing_an_imported_file_changes_only_the_stages_that_import_it(tmp_pat
     stages = ("components.evaluator", "components.example_gen", "components.trainer",
               "components.pusher")
     before = {m: imports.code_fingerprint(m, root=str(tmp_path)) for m in stages}
-    grammar = tmp_path / "components" / "sources" / "shapes_grammar.py"
+    grammar = tmp_path / "components" / "synthetic" / "shapes_grammar.py"
     grammar.write_text(grammar.read_text() + "\n_AN_EDIT = 1\n")
     after = {m: imports.code_fingerprint(m, root=str(tmp_path)) for m in stages}
     assert after["components.evaluator"] != before["components.evaluator"]

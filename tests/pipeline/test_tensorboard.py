@@ -75,8 +75,9 @@ def test_print_only_names_every_logdir_in_tensorboards_spec_format(root, capsys)
 
 def test_a_running_encoder_trainers_epochs_are_visible_while_it_trains(tmp_path):
     """The EncoderTrainer's work-folder logs show each finished epoch before the stage ends."""
-    from components import encoder_trainer, example_gen
-    from components.sources.synthetic import generate
+    from components import encoder_trainer
+    from components.example_gen import stage as example_gen
+    from components.synthetic.shapes import generate
     from pipeline.config import DataConfig, EncoderConfig
     from tests.components.test_encoder_trainer import _scalars
 

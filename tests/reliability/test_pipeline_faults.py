@@ -30,7 +30,7 @@ import pytest
 from PIL import Image
 
 from components.contract import io_utils, schema
-from components.sources.synthetic import generate
+from components.synthetic.shapes import generate
 from pipeline import config as config_lib
 from components.contract.artifacts import Artifact
 from pipeline.runner import Runner, StageError, inspect
@@ -275,23 +275,30 @@ def test_a_polling_server_loads_the_push_under_a_non_ascii_root(faulty_run):
 def _private_tmpfs(tmp_path, size: str, script: str, env: dict, read_only: bool = False):
     """Runs bash `script` with a fresh tmpfs on $MNT, in a private mount namespace.
 
-    The mount vanishes with the namespace, so nothing is left mounted. Skips
-    where mount namespaces or tmpfs mounts are not allowed (some CI).
+    The mount vanishes with the namespace, so nothing is left mounted. Skips,
+    saying which step failed and its error, where mount namespaces or tmpfs
+    mounts are not allowed (some containers).
     """
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare.append("--map-root-user")
     if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1): cannot mount a private tmpfs")
+        pytest.skip("disk-fault test not run: unshare(1) (util-linux) is not installed")
+    probe = subprocess.run(unshare + ["true"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"disk-fault test not run: `{' '.join(unshare)} true` exited "
+                    f"{probe.returncode}: {probe.stderr.strip()[-300:]} (this host allows no "
+                    f"private mount namespace{'' if os.geteuid() == 0 else ' to an unprivileged user'})")
     mnt = tmp_path / "mnt ü"
     mnt.mkdir()
     opts = f"size={size}" + (",ro" if read_only else "")
-    cmd = ["unshare", "--mount", "--propagation", "private"]
-    if os.geteuid() != 0:
-        cmd.append("--map-root-user")
-    cmd += ["bash", "-c", f'mount -t tmpfs -o {opts} tmpfs "$MNT" || exit 97\n{script}']
+    cmd = unshare + ["bash", "-c", f'mount -t tmpfs -o {opts} tmpfs "$MNT" || exit 97\n{script}']
     proc = subprocess.run(cmd, env={**os.environ, **env, "MNT": str(mnt),
                                     "TF_CPP_MIN_LOG_LEVEL": "2"},
                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    if proc.returncode in (97,) or "unshare failed" in proc.stderr:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()[-300:]}")
+    if proc.returncode == 97:
+        pytest.skip(f"disk-fault test not run: `mount -t tmpfs -o {opts}` in the private mount "
+                    f"namespace failed: {proc.stderr.strip()[-300:]}")
     return proc
 
 

@@ -4,7 +4,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from components.sources.base import RawExample
+from components.contract.raw_example import RawExample
 
 
 def decoded_png_example(ex, image_id: str, size: int) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import tracemalloc
 
-from components.sources import json_stream
+from components.example_gen.sources import json_stream
 
 
 def _karpathy_like(n: int) -> dict:

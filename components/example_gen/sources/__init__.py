@@ -5,7 +5,7 @@ from typing import Callable
 
 
 def _synthetic(cfg):
-    from components.sources import synthetic
+    from components.synthetic import shapes as synthetic
     return (synthetic.generate(cfg.num_images, image_size=cfg.image_size,
                                min_objects=cfg.min_objects, max_objects=cfg.max_objects,
                                captions_per_image=cfg.captions_per_image, seed=cfg.seed),
@@ -13,7 +13,7 @@ def _synthetic(cfg):
 
 
 def _scenes(cfg):
-    from components.sources import scenes
+    from components.synthetic import scenes
     return (scenes.generate(cfg.num_images, image_size=cfg.image_size,
                             min_objects=cfg.min_objects, max_objects=cfg.max_objects,
                             captions_per_image=cfg.captions_per_image, seed=cfg.seed),
@@ -21,17 +21,17 @@ def _scenes(cfg):
 
 
 def _coco(cfg):
-    from components.sources import coco
+    from components.example_gen.sources import coco
     return coco.read_coco(cfg.captions_json, cfg.images_dir)
 
 
 def _karpathy(cfg):
-    from components.sources import karpathy
+    from components.example_gen.sources import karpathy
     return karpathy.read_karpathy(cfg.captions_json, cfg.images_dir)
 
 
 def _tfds(cfg):
-    from components.sources import tfds_source
+    from components.example_gen.sources import tfds_source
     return tfds_source.read_tfds(cfg.tfds_name, cfg.tfds_data_dir, cfg.tfds_splits)
 
 

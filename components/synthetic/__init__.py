@@ -1,26 +1,16 @@
-"""The record every data source yields, before validation and splitting."""
+"""The synthetic data: generators of images with captions and ground-truth boxes.
+
+Shared by ExampleGen (its `synthetic` and `scenes` sources) and by the
+Evaluator's grounding metric, which parses captions with the same grammars.
+
+| module | holds |
+|---|---|
+| `shapes_grammar` | the "shapes" caption grammar: colours, shapes, sizes, relations, parsing |
+| `shapes` | the "shapes" images: 1 to 3 shapes on black, deterministic by seed |
+| `scenes_grammar` | the "scenes" grammar (counts, attributes, relations) on top of the shapes one |
+| `scenes` | the "scenes" images |
+"""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Optional
-
-
-@dataclass(frozen=True)
-class RawExample:
-    """One image with its reference captions, as read from a source.
-
-    Exactly one of `image_bytes` / `image_path` is normally set; ExampleGen
-    reads the path, validates the bytes and rejects bad inputs with a reason.
-    `objects` holds ground-truth boxes where the source has them (synthetic):
-    dicts with `bbox` (ymin, xmin, ymax, xmax normalized), `color`, `shape`,
-    `size`. `split` is the source's own split, if it has one.
-    """
-    image_id: str
-    image_bytes: Optional[bytes] = None
-    image_path: Optional[str] = None
-    captions: tuple = ()
-    objects: tuple = ()
-    split: Optional[str] = None
 
 
 def check_generator_args(min_objects: int, max_objects: int, most: int, image_size: int,

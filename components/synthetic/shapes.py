@@ -1,7 +1,7 @@
 """The built-in synthetic "shapes" captions: offline, deterministic, with boxes.
 
 Each image shows 1 to 3 coloured shapes on a black background; the captions
-follow the grammar in `components/sources/shapes_grammar.py` ("a large red
+follow the grammar in `components/synthetic/shapes_grammar.py` ("a large red
 circle to the left of a small blue square"). Placement keeps every caption
 unambiguous: objects never overlap and keep a gap, the o1/o2 displacement is
 clearly horizontal or clearly vertical, and with three objects the rightmost
@@ -20,8 +20,9 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from components.sources import shapes_grammar as grammar
-from components.sources.base import RawExample, check_generator_args
+from components.synthetic import shapes_grammar as grammar
+from components.contract.raw_example import RawExample
+from components.synthetic import check_generator_args
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.02              # min distance of a box from the image border

@@ -6,7 +6,7 @@ clutter lines and specks. Objects are drawn in a random order and may
 overlap: a later object hides part of an earlier one, but every object keeps
 at least `MIN_VISIBLE` of its pixels in view. About half of the images hold
 a group of 2 or 3 objects of the same color and kind, which captions count
-("two pink hearts"). The captions follow `components/sources/scenes_grammar.py`:
+("two pink hearts"). The captions follow `components/synthetic/scenes_grammar.py`:
 each names a salient subset of the scene in varied words, so no caption is
 the one right answer, as with human references.
 
@@ -24,8 +24,9 @@ from typing import Iterator, NamedTuple
 import numpy as np
 from PIL import Image
 
-from components.sources import scenes_grammar as grammar
-from components.sources.base import RawExample, check_generator_args
+from components.synthetic import scenes_grammar as grammar
+from components.contract.raw_example import RawExample
+from components.synthetic import check_generator_args
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.01              # min distance of a box from the image border

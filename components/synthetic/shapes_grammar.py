@@ -1,6 +1,6 @@
 """The synthetic shapes vocabulary and caption grammar.
 
-Shared by the generator (`components/sources/synthetic.py`), which writes the
+Shared by the generator (`components/synthetic/shapes.py`), which writes the
 reference captions, and by the grounding metrics
 (`components/metrics/grounding.py`), which parse generated captions back into
 objects and a spatial relation.

@@ -1,7 +1,7 @@
 """TensorFlow Datasets source (`coco_captions` by default)."""
 from __future__ import annotations
 
-from components.sources.base import RawExample
+from components.contract.raw_example import RawExample
 
 
 def _text_list(captions) -> tuple:

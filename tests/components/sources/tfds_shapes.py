@@ -1,6 +1,6 @@
 """The synthetic shapes captions as a TensorFlow Datasets builder.
 
-    import components.sources.tfds_shapes  # registers "synthetic_shapes"
+    import tests.components.sources.tfds_shapes  # registers "synthetic_shapes"
     ds = tfds.load("synthetic_shapes/small", split="train", data_dir="/tmp/tfds")
 
 Builder configs differ only in size (`default`: 10,000 images at 64 px,
@@ -20,7 +20,7 @@ import io
 import tensorflow_datasets as tfds
 from etils import epath
 
-from components.sources import synthetic
+from components.synthetic import shapes as synthetic
 
 
 @dataclasses.dataclass

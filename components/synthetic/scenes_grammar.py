@@ -1,6 +1,6 @@
 """The synthetic "scenes" vocabulary, reference captions and caption parser.
 
-Shared by the generator (`components/sources/scenes.py`), which writes the
+Shared by the generator (`components/synthetic/scenes.py`), which writes the
 reference captions, and by the grounding metrics
 (`components/metrics/grounding.py`), which parse generated captions back into
 object phrases (with counts) and spatial relations.
@@ -17,7 +17,7 @@ clearly along one axis may be linked by a relation ("to the left of",
 "above", ...), whether or not other objects lie between them.
 
 Parsing is a superset of the shapes parser
-(`components.sources.shapes_grammar.parse_caption`): on a caption made only
+(`components.synthetic.shapes_grammar.parse_caption`): on a caption made only
 of shapes words it returns the same phrases, spans and relations, so the
 grounding scores of shapes models do not change.
 """
@@ -28,9 +28,8 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from components.sources import shapes_grammar
-from components.sources.shapes_grammar import (ARTICLES, INVERSE, ParsedCaption,
-                                               box_center)
+from components.synthetic import shapes_grammar
+from components.synthetic.shapes_grammar import ARTICLES, INVERSE, ParsedCaption, box_center
 
 # Saturated object colors (the shapes' six, then three more); backgrounds
 # stay dark and desaturated.
