@@ -286,9 +286,10 @@ def _private_tmpfs(tmp_path, size: str, script: str, env: dict, read_only: bool 
         pytest.skip("disk-fault test not run: unshare(1) (util-linux) is not installed")
     probe = subprocess.run(unshare + ["true"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
+        who = "root" if os.geteuid() == 0 else "an unprivileged user"
         pytest.skip(f"disk-fault test not run: `{' '.join(unshare)} true` exited "
-                    f"{probe.returncode}: {probe.stderr.strip()[-300:]} (this host allows no "
-                    f"private mount namespace{'' if os.geteuid() == 0 else ' to an unprivileged user'})")
+                    f"{probe.returncode}: {probe.stderr.strip()[-300:]} (no private mount "
+                    f"namespace for {who} on this host)")
     mnt = tmp_path / "mnt ü"
     mnt.mkdir()
     opts = f"size={size}" + (",ro" if read_only else "")
