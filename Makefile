@@ -16,6 +16,9 @@ $(STAMP): setup.py
 	@command -v cjpeg >/dev/null 2>&1 || { echo "Installing cjpeg (libjpeg-turbo's encoder, for the decode-work tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjpeg-turbo-progs) \
 	  || echo "WARNING: could not install cjpeg: its decode-work tests will be skipped"; }
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { echo "Installing chromium and chromium-driver (for the browser tests of captioner serve --ui)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+	  || echo "WARNING: could not install chromium: the browser tests will be skipped (they fail under CI=true)"; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	$(BIN)/pip install -q -e '.[test]'

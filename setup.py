@@ -8,7 +8,9 @@ setup(
                  "Keras soft/hard attention, TF-Serving-compatible serving."),
     python_requires=">=3.10",
     packages=find_packages(include=["pipeline*", "components*", "models*", "serving*"]),
-    package_data={"pipeline": ["configs/*.py"]},
+    package_data={"pipeline": ["configs/*.py"],
+                  # `captioner serve --ui`: the attention explorer's static files
+                  "serving": ["ui/*.html", "ui/*.js", "ui/*.css"]},
     install_requires=[
         # These four are pinned together: TF 2.21 / Keras 3.15 / Beam 2.77 /
         # TF Serving API 2.21 share one protobuf/grpcio range.
@@ -38,7 +40,9 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
-                 "psutil>=5.9"],  # psutil: benchmarks/scale.py samples process-tree RSS
+                 "psutil>=5.9",  # psutil: benchmarks/scale.py samples process-tree RSS
+                 # the browser tests drive Debian's chromium through its chromedriver
+                 "selenium>=4.20"],
     },
     entry_points={"console_scripts": ["captioner=pipeline.cli:main"]},
 )

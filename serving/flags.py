@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--enable_grpc_healthcheck_service", dest="health", default=True, **flag)
     net.add_argument("--monitoring_config_file",
                      help="TF Serving MonitoringConfig text: Prometheus metrics on the REST port")
+    net.add_argument("--ui", action="store_true",
+                     help="serve the attention explorer page at /ui/ on the REST port "
+                          "(off by default)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_request_bytes)
     lim.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,

@@ -57,6 +57,7 @@ from serving.metrics import ServingMetrics
 from serving.model_manager import ModelManager, ModelSource, VersionPolicy, sources_from_config
 from serving.predictor import Predictor
 from serving.rest import RestServer
+from serving.ui_files import UiFiles
 from serving.work_admission import grpc_deadline, mark_pool
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,8 @@ class ModelServer:
         on the gRPC port from PEM text, client certificates checked against
         `custom_ca` when `client_verify`; REST stays plain, as in TF Serving.
       health_service: register `grpc.health.v1.Health`.
+      ui: serve the attention explorer page at `/ui/` on the REST port
+        (`serving/ui_files.py`).
     """
 
     def __init__(self, model_base_path: Optional[str] = None, model_name: str = "captioner", *,
@@ -234,7 +237,7 @@ class ModelServer:
                  metrics_path: Optional[str] = None, warmup: bool = True,
                  allow_version_labels_for_unavailable_models: bool = False,
                  max_load_retries: int = _DEFAULTS.max_load_retries, ssl_config=None,
-                 health_service: bool = True):
+                 health_service: bool = True, ui: bool = False):
         if bool(model_base_path) == bool(model_config_file):
             raise ValueError("give exactly one of model_base_path and model_config_file")
         if bool(ssl_cert) != bool(ssl_key):
@@ -272,6 +275,7 @@ class ModelServer:
         self.max_load_retries = max_load_retries
         self.ssl_config = ssl_config
         self.health_service = health_service
+        self.ui = ui
         self.metrics = ServingMetrics(batching=batching is not None)
         # Every tensor element a request spells out costs at least one byte,
         # so only TF's padding rule (a few values, any shape) gives more
@@ -338,7 +342,8 @@ class ModelServer:
                     self.max_request_bytes, ssl_cert=self.ssl_cert, ssl_key=self.ssl_key,
                     num_threads=self.rest_threads,
                     metrics=self.metrics if self.metrics_path else None,
-                    metrics_path=self.metrics_path).start()
+                    metrics_path=self.metrics_path,
+                    ui=UiFiles(lambda: self.manager) if self.ui else None).start()
                 self.rest_port = self._rest.port
         except BaseException:
             self.stop(grace=0)
@@ -437,6 +442,8 @@ class ModelServer:
             line += " tls=on"
         if self.metrics_path and self.rest_port is not None:
             line += f" metrics={self.metrics_path}"
+        if self.ui and self.rest_port is not None:
+            line += " ui=/ui/"
         return line
 
     def _update_health(self) -> None:
@@ -537,7 +544,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rest_threads=args.rest_threads or None, metrics_path=metrics_path,
             warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,
             max_load_retries=args.max_load_retries, ssl_config=ssl_config,
-            health_service=args.health)
+            health_service=args.health, ui=args.ui)
     except ValueError as e:
         parser.error(str(e))
     stop = threading.Event()

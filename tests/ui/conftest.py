@@ -1,0 +1,73 @@
+"""Browser tests: headless Chromium (Debian's `chromium`, `chromium-driver`) through Selenium.
+
+The system browser and driver only (Selenium's `Service(executable_path=...)`
+with the binary named), never a downloaded one. Where they cannot be
+installed the tests skip and say why, except under `CI=true`, where a
+missing browser is a failure.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+
+import pytest
+
+from tests.reliability.server_process import ServerProcess
+from tests.serving.conftest import model_store  # noqa: F401  (re-exported fixture)
+
+WINDOW = (1100, 900)
+
+
+def chromium_paths():
+    """(browser, driver) paths, or the reason why a browser test cannot run."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    missing = [name for name, path in (("chromium", browser), ("chromium-driver", driver))
+               if path is None]
+    if importlib.util.find_spec("selenium") is None:
+        missing.append("the selenium package (pip install -e '.[test]')")
+    if missing:
+        return None, ("needs " + " and ".join(missing) + ": `make install` installs them "
+                      "(apt-get install chromium chromium-driver)")
+    return (browser, driver), None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium WebDriver, WINDOW sized; skipped (failed under CI) without one."""
+    paths, reason = chromium_paths()
+    if paths is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"browser tests under CI=true: {reason}")
+        pytest.skip(reason)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = paths[0]
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--force-device-scale-factor=1",
+                     "--force-color-profile=srgb", f"--window-size={WINDOW[0]},{WINDOW[1]}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=paths[1]), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory):
+    """ui_server(args) -> a started `captioner serve --ui ...` child process."""
+    started = []
+
+    def start(args):
+        log_path = str(tmp_path_factory.mktemp("ui-server-log") / "server.log")
+        server = ServerProcess(["--ui", "--port", "0", "--rest-port", "0", *args], log_path)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
