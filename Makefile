@@ -12,7 +12,8 @@ install: $(STAMP)
 $(STAMP): setup.py
 	@command -v java >/dev/null 2>&1 || { echo "Installing Java (for the coco-caption PTB tokenizer and METEOR)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless) \
-	  || echo "WARNING: could not install Java: METEOR and the PTB tokenizer will be skipped"; }
+	  && command -v java >/dev/null 2>&1 \
+	  || { echo "ERROR: Java is required and could not be installed: the Evaluator's PTB tokenizer and METEOR (blessing metrics) run on it. Install a Java runtime (Debian/Ubuntu: sudo apt-get install default-jre-headless) and run make install again." >&2; exit 1; }; }
 	@command -v cjpeg >/dev/null 2>&1 || { echo "Installing cjpeg (libjpeg-turbo's encoder, for the decode-work tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libjpeg-turbo-progs) \
 	  || echo "WARNING: could not install cjpeg: its decode-work tests will be skipped"; }
