@@ -106,3 +106,37 @@ def test_the_config_reference_lists_exactly_the_validated_choices(where):
     assert set(CHOICES) <= set(rows), sorted(set(CHOICES) - set(rows))
     for key, choices in CHOICES.items():
         assert _listed_choices(rows[key]) == list(choices), (key, rows[key])
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    import re
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_readme_and_docs_relative_links_resolve():
+    import glob
+    import re
+    root = os.path.dirname(docgen.README)
+    pages = [docgen.README] + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    broken = []
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if not os.path.exists(resolved):
+                broken.append(f"{os.path.relpath(page, root)}: {target}")
+            elif anchor and resolved.endswith(".md"):
+                with open(resolved, encoding="utf-8") as f:
+                    if anchor not in _anchors(f.read()):
+                        broken.append(f"{os.path.relpath(page, root)}: {target} (no such heading)")
+    assert not broken, broken
