@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -16,41 +15,54 @@ from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_retries_unavailable_until_the_server_is_up(make_base, start_server):
+    """The server starts only once the client's first attempt was refused."""
     base = make_base({1: "image"})
-    port = free_port()
-    started = threading.Event()
+    with socket.socket() as placeholder:  # holds the port until the server takes it
+        placeholder.bind(("127.0.0.1", 0))
+        placeholder.listen()
+        placeholder.settimeout(60)
+        port = placeholder.getsockname()[1]
+        answers = []
 
-    def late_start():
-        time.sleep(0.6)
-        start_server(base, port=port, rest_port=None)
-        started.set()
+        def call():
+            with CaptionClient(f"127.0.0.1:{port}", max_attempts=50, initial_backoff=0.05,
+                               max_backoff=0.5) as client:
+                answers.append(client.caption([solid_image(RED)]))
 
-    thread = threading.Thread(target=late_start)
-    thread.start()
+        thread = threading.Thread(target=call)
+        thread.start()
+        try:
+            connection, _ = placeholder.accept()  # the first attempt: no gRPC server there
+            connection.close()
+        except BaseException:
+            thread.join()
+            raise
     try:
-        with CaptionClient(f"127.0.0.1:{port}", max_attempts=10, initial_backoff=0.1,
-                           max_backoff=0.5) as client:
-            assert client.caption([solid_image(RED)])[0]["caption"] == expected_caption(RED)
+        start_server(base, port=port, rest_port=None)
     finally:
         thread.join()
-    assert started.is_set()
+    assert [a["caption"] for a in answers[0]] == [expected_caption(RED)]
 
 
 def test_gives_up_after_bounded_retries_with_a_clear_error():
-    port = free_port()
-    started = time.monotonic()
-    with CaptionClient(f"127.0.0.1:{port}", max_attempts=3, initial_backoff=0.05,
-                       max_backoff=0.1, timeout=2) as client:
-        with pytest.raises(CaptionError) as info:
-            client.caption([solid_image(RED)])
-    assert time.monotonic() - started < 10
+    with socket.socket() as bound:  # bound, not listening: every connection is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        client = CaptionClient(f"127.0.0.1:{port}", max_attempts=3, initial_backoff=0.05,
+                               max_backoff=0.1, timeout=2)
+        stub, attempts = client._predictions, []
+
+        class CountingStub:
+            def Predict(self, request, **kwargs):
+                attempts.append(1)
+                return stub.Predict(request, **kwargs)
+
+        client._predictions = CountingStub()
+        with client:
+            with pytest.raises(CaptionError) as info:
+                client.caption([solid_image(RED)])
+    assert len(attempts) == 3  # max_attempts, then the error
     error = info.value
     assert error.code == grpc.StatusCode.UNAVAILABLE
     assert f"127.0.0.1:{port}" in str(error) and "Predict" in str(error)
