@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
 
     import models.show_attend_tell  # noqa: F401  (registers the custom classes)
     from components.contract import schema
-    from components.split_readers import read_annotations
+    from components.evaluator.split_readers import read_annotations
     from components.synthetic.shapes_grammar import parse_caption
     from models import text as text_lib
 

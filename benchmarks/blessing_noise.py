@@ -7,7 +7,7 @@ For each seed, trains the Trainer and runs the Exporter on the root's data
 (`captioner run --stages Trainer,Exporter --set train.seed=S`; cached when
 that model exists), captions the test split once per seed through its
 SavedModel's `serving_default` (the Evaluator's `CaptionedSplit`, one image
-per call) and scores it once (`components.evaluator.score`). Then for every
+per call) and scores it once (`components.evaluator.stage.score`). Then for every
 ordered pair (candidate, baseline) it runs exactly the Evaluator's decision:
 the paired bootstrap (1,000 resamples, seed 0) and `blessing_decision` with
 the config's `eval.thresholds` and `eval.change_thresholds`.
@@ -54,8 +54,8 @@ def caption_and_score(serving_uri: str, examples_uri: str, batch_size: int):
     """The Evaluator's captioning and scoring of one ServingModel: (split, metrics, seconds)."""
     from components.contract import schema
     from components.contract.artifacts import Artifact
-    from components.evaluator import CaptionedSplit, ServedFunction, score
-    from components.split_readers import iter_example_batches
+    from components.evaluator.stage import CaptionedSplit, ServedFunction, score
+    from components.evaluator.split_readers import iter_example_batches
     art = Artifact.load(serving_uri)
     split = CaptionedSplit(ServedFunction(art.path(schema.SAVED_MODEL_DIR)), batch_size)
     start = time.time()
@@ -78,9 +78,9 @@ def main(argv=None) -> int:
 
     from benchmarks.results import write_result
     from benchmarks.train_step import cpu_has_bf16, cpu_model
-    from components.metrics.blessing import blessing_decision
-    from components.metrics.bootstrap import paired_bootstrap
-    from components.evaluator import BOOTSTRAP
+    from components.evaluator.metrics.blessing import blessing_decision
+    from components.evaluator.metrics.bootstrap import paired_bootstrap
+    from components.evaluator.stage import BOOTSTRAP
     from pipeline import config as config_lib
     config = config_lib.load_config(args.config, args.overrides)
     print(f"CPU: {cpu_model()} (native bfloat16: {cpu_has_bf16()})", flush=True)

@@ -4,7 +4,7 @@
     python benchmarks/preprocess.py --images 128 --paper-images 48 --repeats 2   # quicker
 
 For each encoder, generated JPEG images go through the whole stage
-(`components.preprocess.run`: read Examples, decode, encode with
+(`components.preprocess.stage.run`: read Examples, decode, encode with
 RunInference, serialize, write TFRecords, build the vocabulary) on the
 in-process DirectRunner, and, side by side in the same process, through a
 bare batched call of the same encoder on the already decoded images at the
@@ -106,7 +106,7 @@ def make_artifacts(root: str, name: str, n: int, seed: int = 0):
 
 def run_stage(root: str, examples, encoder, batch_size: int, tag: str) -> tuple[float, float, dict]:
     """One run of the whole Preprocess stage; (wall seconds, CPU seconds, results)."""
-    from components import preprocess
+    from components.preprocess import stage as preprocess
     from pipeline.config import PipelineConfig, PreprocessConfig
     from pipeline.runner import StageContext
 

@@ -158,7 +158,7 @@ def _blessing_of(execution: dict) -> dict:
 
 
 def _print_blessing(blessing: dict) -> None:
-    from components.metrics.blessing import format_rows
+    from components.evaluator.metrics.blessing import format_rows
     verdict = "BLESSED" if blessing["blessed"] else "NOT BLESSED"
     against = (f" against {blessing['baseline']}" if blessing["baseline"]
                else " (first push: no baseline)")

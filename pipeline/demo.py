@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         return 1
 
     _banner("2/3 serving the pushed model and captioning test images over gRPC")
-    from components.split_readers import read_images
+    from components.evaluator.split_readers import read_images
     from serving.client import CaptionClient
     model_base = os.path.join(serving_dir, config.push.model_name)
     examples_uri = summary["stages"]["ExampleGen"]["outputs"]["examples"]

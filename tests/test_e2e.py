@@ -47,7 +47,7 @@ def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
 
 def test_serve_and_caption_through_the_client(tiny_run):
     root, summary = tiny_run
-    from components.split_readers import read_images
+    from components.evaluator.split_readers import read_images
     from serving.client import CaptionClient
     from serving.server import ModelServer
     props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
@@ -122,7 +122,7 @@ def _captions(evaluation_uri):
 
 
 def _test_images(examples_uri):
-    from components.split_readers import iter_example_batches
+    from components.evaluator.split_readers import iter_example_batches
     return {i: image for batch in iter_example_batches(examples_uri, "test", 64)
             for i, image in zip(batch["ids"], batch["images"])}
 

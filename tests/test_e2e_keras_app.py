@@ -72,7 +72,7 @@ def test_the_encoder_artifact_holds_the_weights_files_vgg19(paper_run):
 
 def test_the_pushed_model_captions_images_over_the_vgg19_grid(paper_run):
     import tensorflow as tf
-    from components.split_readers import read_images
+    from components.evaluator.split_readers import read_images
     summary, _ = paper_run
     stages = summary["stages"]
     path = _properties(stages["Pusher"]["outputs"]["pushed_model"])["path"]

@@ -2,7 +2,7 @@
 
 Shared by the generator (`components/synthetic/scenes.py`), which writes the
 reference captions, and by the grounding metrics
-(`components/metrics/grounding.py`), which parse generated captions back into
+(`components/evaluator/metrics/grounding.py`), which parse generated captions back into
 object phrases (with counts) and spatial relations.
 
 Unlike the shapes grammar, a scenes caption describes a *subset* of the

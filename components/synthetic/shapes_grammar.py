@@ -2,7 +2,7 @@
 
 Shared by the generator (`components/synthetic/shapes.py`), which writes the
 reference captions, and by the grounding metrics
-(`components/metrics/grounding.py`), which parse generated captions back into
+(`components/evaluator/metrics/grounding.py`), which parse generated captions back into
 objects and a spatial relation.
 
 Grammar (every caption is lowercase, words separated by single spaces):

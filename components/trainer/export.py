@@ -14,7 +14,7 @@ import shutil
 import time
 from typing import Any, Callable
 
-from components import distribute
+from components.trainer import distribute
 from components.contract import schema
 from components.trainer import checkpointing
 from components.trainer.summaries import scalar_value

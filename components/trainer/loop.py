@@ -1,7 +1,7 @@
 """The training loop: epochs of distributed steps, validation, best model, early stopping.
 
 One loop for every strategy: `strategy.run` of the step (components/trainer/step.py)
-on batches from `distribute_datasets_from_function` (components/train_data.py).
+on batches from `distribute_datasets_from_function` (components/trainer/train_data.py).
 Each epoch ends with validation on the chief, the best-model save, the
 early-stopping check and a checkpoint; checkpoints also go out every
 `train.checkpoint_every` steps. A re-run with the same work folder restores
@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from components.contract import config as config_lib
-from components import distribute
+from components.trainer import distribute
 from components.contract import schema
 from components.contract import precision as precision_lib
 from components.trainer import checkpointing, summaries
@@ -131,7 +131,7 @@ def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: st
         missing train split, or one with fewer images than a global batch.
     """
     import keras
-    from components import train_data
+    from components.trainer import train_data
     tcfg = config.train
     replicas = strategy.num_replicas_in_sync
     if tcfg.batch_size % replicas:

@@ -131,7 +131,7 @@ class ScstLoop(TrainingLoop):
         Returns:
           The start model's val CIDEr (None without a validation split).
         """
-        from components import distribute
+        from components.trainer import distribute
         from components.trainer.sync import chief_values
         if self.validator is None:
             return None
@@ -265,7 +265,7 @@ def scst_inputs(inputs, config):
 
 def build_scorer(annotations_uri: str, vocab_size: int, log):
     """`(CiderD of the training references, longest reference in words)`."""
-    from components import train_data
+    from components.trainer import train_data
     from models.cider_d import CiderD
     references = train_data.read_references(schema.split_files(annotations_uri, "train"))
     scorer = CiderD.from_references(references, vocab_size)

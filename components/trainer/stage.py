@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-from components import distribute
+from components.trainer import distribute
 
 LOG = "[Trainer]"
 

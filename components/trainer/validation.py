@@ -1,7 +1,7 @@
 """Validation during training: loss, BLEU-4, attention maps, and the best-model rule.
 
 The chief computes the metrics on a held-in-memory `EvalSet`
-(components/train_data.py); `improved` decides whether an epoch's value is a
+(components/trainer/train_data.py); `improved` decides whether an epoch's value is a
 new best (which resets early stopping's patience).
 """
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Paired bootstrap of the blessing metrics, and the Blessing's decision."""
 import random
-import shutil
 import time
 import warnings
 
@@ -8,11 +7,10 @@ import numpy as np
 import pytest
 
 from components.contract.config import EvalConfig
-from components.metrics.blessing import blessing_decision, format_rows
-from components.metrics.bootstrap import (METRICS, ImageStats, bleu_stats, corpus_bleu,
-                                          corpus_meteor, image_stats, metric_values,
-                                          paired_bootstrap)
-from components.metrics.grounding import COUNT_KEYS, grounding_counts, grounding_metrics
+from components.evaluator.metrics.blessing import blessing_decision, format_rows
+from components.evaluator.metrics.bootstrap import METRICS, ImageStats, bleu_stats, corpus_bleu, corpus_meteor, image_stats, metric_values, paired_bootstrap
+from components.evaluator.metrics.grounding import COUNT_KEYS, grounding_counts, grounding_metrics
+from tests.tools import require_tool
 
 COLORS = ("red", "blue", "green", "yellow", "purple", "white")
 SHAPES = ("circle", "square", "triangle", "star", "cross", "ring")
@@ -76,10 +74,10 @@ def test_bleu_stats_clip_and_pick_the_closest_reference():
     assert corpus_bleu(row)[0] == pytest.approx(2 / 3)
 
 
-@pytest.mark.skipif(shutil.which("java") is None, reason="needs Java (PTB tokenizer, METEOR)")
 def test_ptb_and_meteor_from_summed_stats_equal_the_toolkit():
-    from components.metrics.bootstrap import parse_meteor_stats
-    from components.metrics.coco import coco_metrics
+    require_tool("java", "the PTB tokenizer and METEOR (the blessing's metrics)")
+    from components.evaluator.metrics.bootstrap import parse_meteor_stats
+    from components.evaluator.metrics.coco import coco_metrics
     refs = dict(list(REFS.items())[:60])
     preds = {k: v for k, v in NOISY_A.items() if k in refs}
     preds["img-00002"] = refs["img-00002"][1]  # an exact match: the jar counts no chunk for it
@@ -283,7 +281,7 @@ def test_a_thousand_resamples_take_well_under_a_few_seconds(images):
 
 
 def test_image_stats_takes_grounding_of_the_boxed_images_only():
-    from components.metrics.grounding import merge_grounding
+    from components.evaluator.metrics.grounding import merge_grounding
     captions = {"a": "a red circle", "b": "a blue square left of a red circle",
                 "c": "a green cross", "d": "a red circle"}
     refs = {k: ["a red circle left of a blue square"] for k in captions}

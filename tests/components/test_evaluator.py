@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from components import evaluator
+from components.evaluator import stage as evaluator
 from components.contract import io_utils, schema
 from components.contract.artifacts import Artifact
 from pipeline.config import PipelineConfig
@@ -79,7 +79,7 @@ def test_the_evaluation_is_what_single_image_requests_get(tmp_path, monkeypatch)
     assert properties["metrics"]["Bleu_4"] == pytest.approx(1.0)
     served = evaluator.ServedFunction(candidate.path(schema.SAVED_MODEL_DIR))
     captions = _captions(outputs["evaluation"])
-    from components.split_readers import iter_example_batches
+    from components.evaluator.split_readers import iter_example_batches
     images = [(i, image) for batch in iter_example_batches(examples.uri, "test", 7)
               for i, image in zip(batch["ids"], batch["images"])]
     assert len(images) == len(captions) == 30
@@ -145,7 +145,7 @@ def test_a_baseline_exported_with_other_decoding_is_exported_again(tmp_path, mon
 
 def test_annotation_batches_stream_every_record_once(tmp_path):
     import numpy as np
-    from components.split_readers import iter_annotation_batches, read_annotations
+    from components.evaluator.split_readers import iter_annotation_batches, read_annotations
     from tests.components.trainer_worker import write_tiny_artifacts
     uri, _ = write_tiny_artifacts(str(tmp_path), num_train=11, num_val=2)
     batches = list(iter_annotation_batches(uri, "train", 4))
@@ -164,7 +164,7 @@ def test_annotation_batches_stream_every_record_once(tmp_path):
 
 def test_figure_keeper_keeps_the_smallest_ids_whatever_the_order():
     import numpy as np
-    from components.evaluator import FigureKeeper
+    from components.evaluator.stage import FigureKeeper
     keeper = FigureKeeper(3)
     for image_id in ("img-5", "img-2", "img-9", "img-1", "img-7", "img-3"):
         keeper.offer(image_id, ["a", "b"], np.ones((6, 2, 2)), [image_id])

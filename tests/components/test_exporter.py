@@ -50,7 +50,7 @@ def test_the_export_records_its_digest_decoding_and_infra_validation(tmp_path, m
 
 
 def test_a_model_tf_serving_cannot_run_is_recorded_and_never_blessed(tmp_path, monkeypatch):
-    from components import evaluator
+    from components.evaluator import stage as evaluator
     from tests.serving.test_infra_validator import _py_function_model
     ctx = _exporter_context(tmp_path, monkeypatch, _py_function_model)
     properties = exporter.run(ctx)["serving_model"]["properties"]
@@ -73,7 +73,7 @@ def test_a_model_tf_serving_cannot_run_is_recorded_and_never_blessed(tmp_path, m
 
 
 def test_a_changed_export_is_not_evaluated(tmp_path, monkeypatch):
-    from components import evaluator
+    from components.evaluator import stage as evaluator
     from tests.serving.fixtures import build_fixture_model
     ctx = _exporter_context(tmp_path, monkeypatch, build_fixture_model)
     properties = exporter.run(ctx)["serving_model"]["properties"]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.figures import attention_figure, upsample_attention, write_index
+from components.evaluator.figures import attention_figure, upsample_attention, write_index
 from serving.attention_figure import (MAX_DRAWN_PIXELS, render_attention_figure,
                                       save_attention_figure)
 

@@ -4,8 +4,9 @@ import shutil
 
 import pytest
 
-from components.metrics import coco
-from components.metrics.coco import coco_metrics
+from components.evaluator.metrics import coco
+from components.evaluator.metrics.coco import coco_metrics
+from tests.tools import require_tool
 
 # hyp "the cat sat on the mat" vs ref "the cat is on the mat" (same length, BP = 1):
 # 1-grams 5/6, 2-grams 3/5 (the cat, on the, the mat), 3-grams 1/4 (on the mat), 4-grams 0/3.
@@ -78,8 +79,8 @@ def test_bad_inputs_are_rejected():
         coco_metrics({1: "a"}, {2: ["a"]})
 
 
-@pytest.mark.skipif(shutil.which("java") is None, reason="needs Java")
 def test_java_path_ptb_tokenizer_and_meteor():
+    require_tool("java", "the PTB tokenizer and METEOR (the blessing's metrics)")
     preds = {**CAT[0], **CIRCLE[0], "p": "A large red circle, to the left of a blue square."}
     refs = {**CAT[1], **CIRCLE[1], "p": ["a large red circle to the left of a blue square"]}
     m = coco_metrics(preds, refs, per_image=True)

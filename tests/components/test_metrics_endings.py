@@ -4,7 +4,7 @@ import string
 
 import pytest
 
-from components.metrics.endings import FUNCTION_WORDS, ending_metrics, is_dangling, last_word
+from components.evaluator.metrics.endings import FUNCTION_WORDS, ending_metrics, is_dangling, last_word
 from components.synthetic import scenes, scenes_grammar, shapes_grammar, shapes as synthetic
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from components.metrics.grounding import grounding_metrics, merge_grounding
+from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
 
 # 4x4 grid: cell (r, c) has centre ((r + .5) / 4, (c + .5) / 4).
 RED = {"bbox": (0.0, 0.0, 0.25, 0.25), "color": "red", "shape": "circle", "size": "small"}

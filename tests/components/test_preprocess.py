@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components import beam_utils, preprocess
+from components.preprocess import beam_utils, stage as preprocess
 from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
 from components.contract.raw_example import RawExample

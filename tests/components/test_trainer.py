@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components import distribute, train_data, trainer
+from components.trainer import distribute, train_data
+from components import trainer
 from components.contract import schema
 from components.trainer import checkpointing, model_setup
 from models.text import PAD_ID

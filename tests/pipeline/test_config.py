@@ -118,9 +118,10 @@ def test_cross_key_rules(overrides, message):
 
 
 def test_choices_match_what_the_stages_accept():
-    from components import distribute, evaluator, train_data
+    from components.trainer import distribute, train_data
+    from components.evaluator import stage as evaluator
     from components.contract import precision
-    from components.metrics import bootstrap
+    from components.evaluator.metrics import bootstrap
     from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
     from components.example_gen.sources import BOXED_SOURCES, SOURCES

@@ -23,7 +23,7 @@ def test_evaluator_closure_has_what_it_really_imports():
     assert "components/trainer/loop.py" in _rel(imports.import_closure("components.trainer")
                                                  .values())
     assert not any(f.startswith("components/trainer/") for f in files)
-    assert "components/preprocess.py" not in files
+    assert "components/preprocess/stage.py" not in files
     assert not any(f.startswith("pipeline/") for f in files)
 
 

@@ -16,7 +16,7 @@ without running the toolkit again:
 - ROUGE-L and CIDEr-D: means of the per-image scores; CIDEr-D's document
   frequencies stay those of the full reference set on every resample.
 - attribute_accuracy, relation_accuracy, grounding, grounding_noun: ratios of
-  summed per-image counts (`components.metrics.grounding.grounding_counts`).
+  summed per-image counts (`components.evaluator.metrics.grounding.grounding_counts`).
 
 On the full set these give the toolkit's values, to rounding (the tests
 check BLEU and METEOR against it).
@@ -32,7 +32,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from components.contract.config import CAPTION_METRICS, GROUNDING_METRICS
-from components.metrics.grounding import COUNT_KEYS
+from components.evaluator.metrics.grounding import COUNT_KEYS
 
 # What `paired_bootstrap` compares, in order (the Blessing's metrics).
 METRICS = CAPTION_METRICS + GROUNDING_METRICS
@@ -214,7 +214,7 @@ def image_stats(predictions: Mapping[Hashable, str],
     Raises:
       ValueError: as `coco_metrics`, or grounding counts for an unknown image.
     """
-    from components.metrics.coco import coco_metrics
+    from components.evaluator.metrics.coco import coco_metrics
     coco = coco_metrics(predictions, references, use_java=use_java, per_image=True,
                         details=True, progress=progress)
     ids = tuple(predictions)

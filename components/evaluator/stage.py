@@ -38,12 +38,12 @@ from tqdm import tqdm
 
 from components.contract import io_utils, schema
 from components.contract.export_model import decoding_settings, export
-from components.metrics.blessing import blessing_decision, format_rows
-from components.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
-from components.metrics.coco import SCORING_STEPS
-from components.metrics.endings import ending_metrics
-from components.metrics.grounding import grounding_metrics, merge_grounding
-from components.split_readers import iter_example_batches, read_images
+from components.evaluator.metrics.blessing import blessing_decision, format_rows
+from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
+from components.evaluator.metrics.coco import SCORING_STEPS
+from components.evaluator.metrics.endings import ending_metrics
+from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
+from components.evaluator.split_readers import iter_example_batches, read_images
 
 LOG = "[Evaluator]"
 # The paired bootstrap's settings, recorded with the comparison.
@@ -212,7 +212,7 @@ def write_figures(out_dir: str, examples_uri: str, kept: list[dict]) -> list[dic
       The index entries written.
     """
     from PIL import Image
-    from components.figures import attention_figure, write_index
+    from components.evaluator.figures import attention_figure, write_index
     fig_dir = os.path.join(out_dir, "figures")
     os.makedirs(fig_dir, exist_ok=True)
     images = read_images(examples_uri, "test", {e["image_id"] for e in kept})

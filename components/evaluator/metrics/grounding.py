@@ -71,7 +71,7 @@ def grounding_counts(captions: Sequence[Sequence[str] | str],
                      widen_cells: float = 1.0) -> np.ndarray:
     """The counts of `grounding_metrics`, one row per image.
 
-    The paired bootstrap (`components/metrics/bootstrap.py`) resamples
+    The paired bootstrap (`components/evaluator/metrics/bootstrap.py`) resamples
     images, so it needs each image's counts rather than their total.
 
     Args:

@@ -32,7 +32,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from components import beam_utils
+from components.preprocess import beam_utils
 from components.contract import schema
 from models import text
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from components.metrics.bootstrap import METRICS
+from components.evaluator.metrics.bootstrap import METRICS
 
 # The columns of `format_rows`.
 ROW_HEADER = ("metric", "candidate", "baseline", "difference", "interval", "threshold", "verdict")

@@ -53,7 +53,7 @@ def coco_metrics(predictions: Mapping[Hashable, str],
       per_image: also return ``per_image``: id -> {metric: score}.
       details: also return what the corpus scores are computed from, so
         that they can be recomputed on resampled images without the
-        toolkit (`components/metrics/bootstrap.py`): ``tokenized``: id ->
+        toolkit (`components/evaluator/metrics/bootstrap.py`): ``tokenized``: id ->
         ``{"caption": str, "references": [str]}``, the captions as the
         scorers saw them (space-separated tokens); ``meteor_stats``: id ->
         the METEOR jar's statistics line for the image, or None when
