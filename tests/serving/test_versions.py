@@ -14,10 +14,16 @@ from serving.model_manager import VersionPolicy, read_model_config
 from tests.serving.conftest import BLUE, RED, remove_version
 from tests.serving.fixtures import expected_caption, publish_version, solid_image
 
+POLL = 0.1  # seconds between the server's looks at its base path
+SWAP_FACTOR = 10  # loading under the load of 4 clients: at most this many times the first load
 
+
+@pytest.mark.slow
 def test_new_version_swaps_in_under_load_without_failures(make_base, model_store, start_server):
     base = make_base({1: "image"})
-    server = start_server(base, poll_seconds=0.1)
+    started = time.monotonic()
+    server = start_server(base, poll_seconds=POLL)
+    first_load = time.monotonic() - started  # calibration: start and load v1 on this host
     image = solid_image(RED)
     seen, errors, stop = [], [], threading.Event()
 
@@ -47,7 +53,10 @@ def test_new_version_swaps_in_under_load_without_failures(make_base, model_store
             thread.join()
     assert not errors, errors[:3]
     first_v2 = min(t for t, v, _ in seen if v == 2)
-    assert first_v2 - pushed < 5.0  # a few poll intervals plus load and warmup
+    # A poll interval or two, then a load like v1's (slower under the load of 4 clients).
+    print(f"\nv1 started and loaded in {first_load:.2f} s; v2 served {first_v2 - pushed:.2f} s "
+          f"after its push")
+    assert first_v2 - pushed < 2 * POLL + SWAP_FACTOR * first_load
     assert {c for _, v, c in seen if v == 1} == {expected_caption(RED, "image")}
     assert {c for _, v, c in seen if v == 2} == {expected_caption(RED, "square")}
     assert sum(1 for t, _, _ in seen if t > first_v2) > 10
