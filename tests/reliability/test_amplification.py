@@ -42,7 +42,10 @@ TINY_PNG = solid_image(RED, size=1)
 PREDICT = "/v1/models/captioner:predict"
 INVALID, EXHAUSTED, OK = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
                           grpc.StatusCode.OK)
-FIGURES: Dict[str, dict] = {}  # class -> requests, codes, peak RSS above idle
+FIGURES: Dict[str, dict] = {}  # class -> requests, codes, peak RSS above idle (for -s)
+
+# Memory measured against the server's own idle RSS, taken in the same module.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
