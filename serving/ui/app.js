@@ -180,6 +180,8 @@
     timings.answered = performance.now();
     if (answer.status !== 200) {
       $("caption").textContent = "";
+      $("result").hidden = true;  // the last image's words do not belong to this one
+      state.result = null;
       showError(describeError(answer.status, answer.body, "caption"));
       return;
     }

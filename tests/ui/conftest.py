@@ -8,13 +8,13 @@ missing browser is a failure.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 
 import pytest
 
 from tests.reliability.server_process import ServerProcess
 from tests.serving.conftest import model_store  # noqa: F401  (re-exported fixture)
+from tests.tools import on_ci
 
 WINDOW = (1100, 900)
 
@@ -38,8 +38,8 @@ def browser():
     """A headless Chromium WebDriver, WINDOW sized; skipped (failed under CI) without one."""
     paths, reason = chromium_paths()
     if paths is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"browser tests under CI=true: {reason}")
+        if on_ci():
+            pytest.fail(f"browser tests under CI=true: {reason}", pytrace=False)
         pytest.skip(reason)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

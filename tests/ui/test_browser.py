@@ -23,13 +23,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import tensorflow as tf
+
 from serving.attention_figure import upsample_attention
-from tests.serving.fixtures import build_fixture_model
+from tests.serving.fixtures import FixtureCaptioner, build_fixture_model
 
 pytestmark = pytest.mark.slow
 
 DRAWN_SIDE = 480  # app.js: the view's drawing size
 MARGIN = 8
+GLIMPSE = (0.5, -0.5, 0.25)  # centre x, centre y, scale: x 300..420, y 60..180 of 480
 FIXTURE_DECODING = {"beam_size": 2, "max_length": 6, "length_normalization": 0.0}
 
 
@@ -52,12 +55,28 @@ def shapes_image() -> bytes:
     return make_example(7999, image_size=64).image_bytes
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, ui_server):
-    """(server, image bytes, screenshot folder): the fixture model, or CAPTIONER_UI_MODEL."""
-    tmp = tmp_path_factory.mktemp("ui")
+class GlimpseCaptioner(tf.Module):
+    """The fixture captioner plus a `locations` output, as location-wise attentions return.
+
+    Every step's window is GLIMPSE: centre (x, y) and scale in [-1, 1] grid
+    coordinates.
+    """
+
+    def __init__(self):
+        super().__init__(name="glimpse_captioner")
+        self.inner = FixtureCaptioner(noun="image")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    def serve_images(self, image_bytes):
+        outputs = dict(self.inner.serve_images(image_bytes))
+        steps = tf.shape(outputs["tokens"])[:2]
+        outputs["locations"] = tf.broadcast_to(tf.constant(GLIMPSE), tf.concat([steps, [3]], 0))
+        return outputs
+
+
+def write_models(tmp) -> str:
+    """models.config: "captioner" (the fixture, or CAPTIONER_UI_MODEL) and "glimpse"."""
     base = os.environ.get("CAPTIONER_UI_MODEL")
-    image = shapes_image() if base else block_image()
     if not base:
         base = str(tmp / "captioner")
         version = build_fixture_model(os.path.join(base, "1"), noun="image")
@@ -65,9 +84,24 @@ def served(tmp_path_factory, ui_server):
         os.makedirs(os.path.dirname(record), exist_ok=True)
         with open(record, "w") as f:
             json.dump({"decoding": FIXTURE_DECODING}, f)
+    module = GlimpseCaptioner()
+    tf.saved_model.save(module, str(tmp / "glimpse" / "1"),
+                        signatures={"serving_default": module.serve_images})
+    config = tmp / "models.config"
+    config.write_text("model_config_list {\n" + "".join(
+        f'  config {{ name: "{name}" base_path: "{path}" model_platform: "tensorflow" }}\n'
+        for name, path in (("captioner", base), ("glimpse", str(tmp / "glimpse")))) + "}\n")
+    return str(config)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, ui_server):
+    """(server, image bytes, screenshot folder): the fixture model, or CAPTIONER_UI_MODEL."""
+    tmp = tmp_path_factory.mktemp("ui")
+    image = shapes_image() if os.environ.get("CAPTIONER_UI_MODEL") else block_image()
     shots = os.environ.get("CAPTIONER_UI_SCREENSHOTS") or str(tmp / "screenshots")
     os.makedirs(shots, exist_ok=True)
-    server = ui_server(["--model-base-path", base, "--poll-seconds", "0"])
+    server = ui_server(["--model-config-file", write_models(tmp), "--poll-seconds", "0"])
     return server, image, shots
 
 
@@ -174,6 +208,7 @@ def test_caption_overlay_keyboard_grid_phone_and_errors(browser, served, tmp_pat
     slider.send_keys(Keys.ARROW_LEFT)
     assert browser.find_element(By.ID, "step-word").text == chips[1].text
 
+    browser.set_window_size(1100, 1300)  # tall enough for the grid
     browser.find_element(By.ID, "grid-toggle").click()
     panels = browser.find_elements(By.CSS_SELECTOR, "#grid button canvas")
     assert len(panels) == len(chips) + 1
@@ -183,6 +218,7 @@ def test_caption_overlay_keyboard_grid_phone_and_errors(browser, served, tmp_pat
     width = browser.execute_script("return document.documentElement.scrollWidth")
     assert width <= 390, f"the page is {width} px wide at phone width"
     browser.find_element(By.ID, "grid-toggle").click()
+    browser.execute_script("document.getElementById('input').scrollIntoView()")
     browser.save_screenshot(os.path.join(shots, "ui_phone.png"))
     browser.set_window_size(1100, 900)
 
@@ -218,3 +254,22 @@ def test_model_from_the_url_and_unknown_model_error(browser, served):
     for control in browser.find_elements(By.CSS_SELECTOR, "input, select"):
         label = browser.find_elements(By.CSS_SELECTOR, f'label[for="{control.get_attribute("id")}"]')
         assert label, f"no label for #{control.get_attribute('id')}"
+
+
+def test_glimpse_window_of_a_location_wise_attention(browser, served, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    server, _, shots = served
+    image_path = tmp_path / "test.png"
+    image_path.write_bytes(block_image())
+    browser.get(server.rest_url + "/ui/?model=glimpse")
+    assert wait_state(browser, ("ready", "error")) == "ready"
+    upload(browser, str(image_path))
+    assert wait_state(browser, ("captioned", "error")) == "captioned"
+    edge, below = (300, 120), (300, 240)  # on the window's left side; under the window
+    yellow = np.array([255, 212, 0])
+    assert np.abs(canvas_pixel(browser, *edge) - yellow).max() > 40  # the image alone: none
+    browser.find_element(By.CSS_SELECTOR, '#words .chip[data-word="2"]').click()
+    assert np.abs(canvas_pixel(browser, *edge) - yellow).max() <= 2
+    assert np.abs(canvas_pixel(browser, *below) - yellow).max() > 40
+    browser.save_screenshot(os.path.join(shots, "ui_glimpse.png"))
