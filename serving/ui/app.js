@@ -26,7 +26,7 @@
     word: 0,           // 0: the image alone; k: the k-th word
   };
   const timings = {};
-  window.captioner = { state: state, timings: timings };
+  window.captioner = { state: state, timings: timings };  // read by the browser tests
 
   function setState(name) { document.body.dataset.state = name; }
 
@@ -480,6 +480,8 @@
       if (file) { e.preventDefault(); caption(file); }
     });
   }
+
+  window.captioner.describeError = describeError;
 
   async function start() {
     setState("loading");

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 DRAWN_SIDE = 480  # app.js: the view's drawing size
 MARGIN = 8
+MAX_REQUEST_BYTES = 200_000  # the test server's limit: a larger upload gets 413
 GLIMPSE = (0.5, -0.5, 0.25)  # centre x, centre y, scale: x 300..420, y 60..180 of 480
 FIXTURE_DECODING = {"beam_size": 2, "max_length": 6, "length_normalization": 0.0}
 
@@ -101,7 +102,8 @@ def served(tmp_path_factory, ui_server):
     image = shapes_image() if os.environ.get("CAPTIONER_UI_MODEL") else block_image()
     shots = os.environ.get("CAPTIONER_UI_SCREENSHOTS") or str(tmp / "screenshots")
     os.makedirs(shots, exist_ok=True)
-    server = ui_server(["--model-config-file", write_models(tmp), "--poll-seconds", "0"])
+    server = ui_server(["--model-config-file", write_models(tmp), "--poll-seconds", "0",
+                        "--max-request-bytes", str(MAX_REQUEST_BYTES)])
     return server, image, shots
 
 
@@ -273,3 +275,54 @@ def test_glimpse_window_of_a_location_wise_attention(browser, served, tmp_path):
     assert np.abs(canvas_pixel(browser, *edge) - yellow).max() <= 2
     assert np.abs(canvas_pixel(browser, *below) - yellow).max() > 40
     browser.save_screenshot(os.path.join(shots, "ui_glimpse.png"))
+
+
+def dispatch_file(driver, event: str, data: bytes, name: str) -> None:
+    """Drops a file on the drop box ("drop") or pastes it into the page ("paste")."""
+    driver.execute_script("""
+        const bytes = Uint8Array.from(atob(arguments[1]), (c) => c.charCodeAt(0));
+        const transfer = new DataTransfer();
+        transfer.items.add(new File([bytes], arguments[2], {type: "image/png"}));
+        const event = arguments[0] === "drop"
+            ? new DragEvent("drop", {dataTransfer: transfer, bubbles: true, cancelable: true})
+            : new ClipboardEvent("paste", {clipboardData: transfer, bubbles: true,
+                                           cancelable: true});
+        (arguments[0] === "drop" ? document.getElementById("drop") : document)
+            .dispatchEvent(event);""", event, base64.b64encode(data).decode(), name)
+
+
+def test_drop_paste_too_large_and_every_error_as_one_line(browser, served, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    server, image, _ = served
+    browser.get(server.rest_url + "/ui/")
+    assert wait_state(browser, ("ready", "error")) == "ready"
+    expected = rest_predict(server, image)["caption"]
+    for event in ("drop", "paste"):
+        browser.execute_script("document.getElementById('caption').textContent = ''")
+        dispatch_file(browser, event, image, f"{event}.png")
+        assert wait_state(browser, ("captioned", "error")) == "captioned", event
+        assert browser.find_element(By.ID, "caption").text == expected, event
+    large = tmp_path / "large.png"
+    large.write_bytes(image + os.urandom(MAX_REQUEST_BYTES))
+    upload(browser, str(large))
+    assert wait_state(browser, ("error",)) == "error"
+    error = browser.find_element(By.ID, "error").text
+    assert error.startswith("Too large for the server: request body of "), error
+    assert f"limit of {MAX_REQUEST_BYTES} bytes" in error
+    assert not browser.find_element(By.ID, "result").is_displayed()
+    lines = browser.execute_script("""
+        const d = window.captioner.describeError;
+        return [d(429, {error: "decode memory budget of 1 MiB is held by requests in\\n"
+                               + "progress"}, "caption"),
+                d(400, {error: "RESOURCE_EXHAUSTED: over budget"}, "caption"),
+                d(0, {error: "Failed to fetch"}, "caption"),
+                d(503, {error: "batching queue full"}, "caption"),
+                d(500, {error: "x".repeat(2000)}, "caption")];""")
+    assert lines[0].startswith("The server is busy (RESOURCE_EXHAUSTED): decode memory budget")
+    assert lines[0].endswith("Try again in a moment.")
+    assert lines[1].startswith("The server is busy (RESOURCE_EXHAUSTED)")
+    assert lines[2] == "Cannot reach the server (Failed to fetch)"
+    assert lines[3] == "The server is unavailable: batching queue full"
+    assert lines[4].startswith("caption failed (HTTP 500): x") and len(lines[4]) == 400
+    assert all("\n" not in line for line in lines)
