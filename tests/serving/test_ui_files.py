@@ -50,7 +50,7 @@ def rest(tmp_path):
     servers = []
 
     def start(ui=None):
-        server = RestServer(Predictor(), port=0, num_threads=2, ui=ui).start()
+        server = RestServer(Predictor(), port=0, ui=ui).start()
         servers.append(server)
         return server.url
 
