@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from components.contract import io_utils, schema
+from components.contract.config import REPORTED_METRICS
 from components.contract.export_model import decoding_settings, export
 from components.evaluator.metrics.blessing import blessing_decision, format_rows
 from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
@@ -48,9 +49,6 @@ from components.evaluator.split_readers import iter_example_batches, read_images
 LOG = "[Evaluator]"
 # The paired bootstrap's settings, recorded with the comparison.
 BOOTSTRAP = {"resamples": 1000, "seed": 0, "confidence": 0.95}
-# Diagnostics reported next to them, where lower is better: never thresholds, never
-# compared with the pushed model's.
-REPORTED_METRICS = ("dangling_ending_rate", "dangling_endings", "empty_captions")
 
 
 def _log(line: str) -> None:

@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 
+from components.contract.config import EARLY_STOPPING_METRICS as METRICS
 from models.text import decode
 
-METRICS = ("val_loss", "bleu4", "cider")
 # Validation images whose attention maps go to TensorBoard.
 ATTENTION_IMAGES = 2
 ATTENTION_TILE = 64

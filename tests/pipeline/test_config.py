@@ -119,15 +119,10 @@ def test_cross_key_rules(overrides, message):
 
 def test_choices_match_what_the_stages_accept():
     from components.trainer import distribute, train_data
-    from components.evaluator import stage as evaluator
-    from components.contract import precision
-    from components.evaluator.metrics import bootstrap
-    from components.trainer import validation
     from models import hard_attention, objective, show_attend_tell
-    from components.example_gen.sources import BOXED_SOURCES, SOURCES
+    from components.example_gen.sources import SOURCES
     choices = config_lib.CHOICES
     assert choices["data.source"] == tuple(SOURCES)
-    assert set(config_lib.BOXED_SOURCES) == BOXED_SOURCES
     from components.synthetic import scenes
     assert config_lib.MAX_OBJECTS == {"synthetic": 3, "scenes": scenes.MAX_OBJECTS}
     assert choices["model.attention"] == show_attend_tell.ATTENTIONS
@@ -136,13 +131,8 @@ def test_choices_match_what_the_stages_accept():
     assert choices["model.reinforce_baseline"] == objective.REINFORCE_BASELINES
     assert choices["train.strategy"] == distribute.STRATEGIES
     assert choices["train.cache"] == train_data.CACHE_SETTINGS
-    assert choices["train.mixed_precision"] == precision.CHOICES
-    assert choices["encoder.mixed_precision"] == precision.CHOICES
-    assert choices["train.early_stopping_metric"] == validation.METRICS
     from models import scst
     assert choices["train.scst_baseline"] == scst.BASELINES
-    assert config_lib.EVAL_METRICS == bootstrap.METRICS
-    assert config_lib.REPORTED_METRICS == evaluator.REPORTED_METRICS
     for name in config_lib.named_configs():  # every shipped config passes
         config_lib.load_config(name)
 

@@ -31,11 +31,11 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from components.contract.config import CAPTION_METRICS, GROUNDING_METRICS
+from components.contract.config import EVAL_METRICS
 from components.evaluator.metrics.grounding import COUNT_KEYS
 
 # What `paired_bootstrap` compares, in order (the Blessing's metrics).
-METRICS = CAPTION_METRICS + GROUNDING_METRICS
+METRICS = EVAL_METRICS
 # Columns of a `bleu_stats` row.
 BLEU_COLUMNS = ("correct_1", "correct_2", "correct_3", "correct_4",
                 "guess_1", "guess_2", "guess_3", "guess_4", "testlen", "reflen")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from components.contract.config import BOXED_SOURCES
+
 
 def _synthetic(cfg):
     from components.synthetic import shapes as synthetic
@@ -37,8 +39,6 @@ def _tfds(cfg):
 
 SOURCES: dict[str, Callable] = {"synthetic": _synthetic, "scenes": _scenes, "coco": _coco,
                                 "karpathy": _karpathy, "tfds": _tfds}
-# Sources whose examples carry ground-truth object boxes (for the grounding metrics).
-BOXED_SOURCES = frozenset({"synthetic", "scenes"})
 
 
 def get_source(name: str) -> Callable:

@@ -1,0 +1,144 @@
+"""The checks a resolved config passes before any stage runs, and the near-miss suggestions."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from components.contract.config.sections import (ConfigError, PipelineConfig,
+                                                  default_change_thresholds)
+from components.contract.config.values import (BOXED_SOURCES, CHANGE_BOUNDS, CHOICES,
+                                                EVAL_METRICS, GROUNDING_METRICS, MAX_OBJECTS,
+                                                REPORTED_METRICS)
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """` (did you mean 'x'?)` for a near miss among `choices`, else ``."""
+    import difflib
+
+    def norm(text):  # BLEU4 ~ Bleu_4, Train.Epochs ~ train.epochs
+        return str(text).lower().replace("_", "").replace("-", "")
+    normalized = {norm(c): c for c in choices}
+    close = difflib.get_close_matches(norm(word), list(normalized), n=1, cutoff=0.6)
+    return f" (did you mean {normalized[close[0]]!r}?)" if close else ""
+
+
+def _choice_error(key: str, value: str, choices: Sequence[str]) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}"
+                       f"{did_you_mean(value, choices)}")
+
+
+def validate(config: PipelineConfig) -> PipelineConfig:
+    """Checks enumerated values, metric names and rules that span keys.
+
+    Runs when a config is resolved, so that a mistake is reported before any
+    stage runs. Paths are checked separately (`check_paths`), by the
+    commands that read them.
+
+    Args:
+      config: a resolved config.
+    Returns:
+      `config`, unchanged.
+    Raises:
+      ConfigError: the first problem, with the valid choices.
+    """
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(config, section), name)
+        if value not in choices:
+            raise _choice_error(key, value, choices)
+    data, model, ev = config.data, config.model, config.eval
+    for metric in ev.thresholds:
+        if metric in REPORTED_METRICS:
+            raise ConfigError(f"eval.thresholds: {metric} is reported, never a threshold "
+                              f"(lower is better, and a threshold is a minimum); thresholds "
+                              f"may name: {', '.join(EVAL_METRICS)}")
+        if metric not in EVAL_METRICS:
+            raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
+                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES:
+            raise ConfigError(f"eval.thresholds: {metric} is computed only for "
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
+    changes = change_thresholds(ev.change_thresholds, "eval.change_thresholds")
+    defaults = default_change_thresholds()
+    for metric, bounds in changes.items():
+        # The defaults name every metric; only a bound someone set is a mistake on unboxed data.
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES \
+                and bounds != defaults.get(metric):
+            raise ConfigError(f"eval.change_thresholds: {metric} is computed only for "
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
+    tcfg = config.train
+    if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
+        raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
+                          f"samples: it needs train.scst_samples >= 2, got {tcfg.scst_samples}")
+    if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
+        raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
+                          "train.scst_epochs >= 1")
+    if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
+        raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
+                          "it needs model.reinforce_credit=token")
+    most = MAX_OBJECTS.get(data.source, 3)
+    if data.source in MAX_OBJECTS and not 1 <= data.min_objects <= data.max_objects <= most:
+        raise ConfigError(f"data.min_objects={data.min_objects} and data.max_objects="
+                          f"{data.max_objects}: need 1 <= min_objects <= max_objects <= {most} "
+                          f"for data.source={data.source}")
+    if data.val_fraction < 0 or data.test_fraction < 0 or \
+            data.val_fraction + data.test_fraction >= 1:
+        raise ConfigError(f"data.val_fraction={data.val_fraction} + data.test_fraction="
+                          f"{data.test_fraction} must be >= 0 and leave images for train (< 1)")
+    if config.encoder.kind == "small_cnn":
+        enc = config.encoder
+        ratio = enc.image_size / max(enc.grid_size, 1)
+        if enc.grid_size < 1 or ratio < 2 or ratio != int(ratio) or int(ratio) & (int(ratio) - 1):
+            raise ConfigError(f"encoder.image_size={enc.image_size} must be encoder.grid_size="
+                              f"{enc.grid_size} times a power of two (at least 2)")
+    positive = {"train.batch_size": config.train.batch_size,
+                "encoder.batch_size": config.encoder.batch_size,
+                "eval.batch_size": ev.batch_size, "eval.beam_size": ev.beam_size,
+                "eval.max_length": ev.max_length, "train.epochs": config.train.epochs,
+                "preprocess.max_batch_size": config.preprocess.max_batch_size}
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if config.preprocess.min_batch_size > config.preprocess.max_batch_size:
+        raise ConfigError(f"preprocess.min_batch_size={config.preprocess.min_batch_size} is "
+                          f"above preprocess.max_batch_size={config.preprocess.max_batch_size}")
+    return config
+
+
+def change_thresholds(value: Any, where: str) -> dict[str, dict[str, float]]:
+    """Checks an `eval.change_thresholds` mapping and returns it as plain dicts of floats.
+
+    Args:
+      value: metric -> {"absolute" and/or "relative": number}.
+      where: the key, for messages.
+    Returns:
+      The same mapping, bounds as floats.
+    Raises:
+      ConfigError: not a mapping of mappings, an unknown metric or bound
+        kind, no bound, or a bound that is not a finite number.
+    """
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object of metric -> "
+                          f'{{"absolute"|"relative": number}}, got {value!r}')
+    out = {}
+    for metric, bounds in value.items():
+        if metric in REPORTED_METRICS or metric not in EVAL_METRICS:
+            why = (f"{metric} is reported, never compared (lower is better)"
+                   if metric in REPORTED_METRICS else f"no metric {metric!r}")
+            raise ConfigError(f"{where}: {why}; change thresholds may name: "
+                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
+        if not isinstance(bounds, Mapping) or not bounds:
+            raise ConfigError(f'{where}: {metric} needs {{"absolute": number}} and/or '
+                              f'{{"relative": number}}, got {bounds!r}')
+        out[metric] = {}
+        for kind, bound in bounds.items():
+            if kind not in CHANGE_BOUNDS:
+                raise ConfigError(f"{where}: {metric}: unknown bound {kind!r}; bounds: "
+                                  f"{', '.join(CHANGE_BOUNDS)}{did_you_mean(kind, CHANGE_BOUNDS)}")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) \
+                    or bound != bound or abs(bound) == float("inf"):
+                raise ConfigError(f"{where}: {metric}.{kind} must be a finite number "
+                                  f"(e.g. -0.05), got {bound!r}")
+            out[metric][kind] = float(bound)
+    return out
