@@ -1,4 +1,4 @@
-"""The training loop: epochs of distributed steps, validation, best model, early stopping.
+"""The training loop of one phase: epochs of distributed steps, validation, best model, early stopping.
 
 One loop for every strategy: `strategy.run` of the step (components/trainer/step.py)
 on batches from `distribute_datasets_from_function` (components/trainer/train_data.py).
@@ -16,89 +16,17 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from components.contract import config as config_lib
 from components.trainer import distribute
 from components.contract import schema
 from components.contract import precision as precision_lib
 from components.trainer import checkpointing, summaries
-from components.trainer.export import LOG, TrainedRun, export
+from components.trainer.export import LOG, TrainedRun
 from components.trainer.sync import broadcast_from_chief, chief_values
 from components.trainer.timing import Timing
-from components.trainer.validation import METRICS, Validator, improved
+from components.trainer.validation import Validator, improved
 
 # Epochs chained into one input dataset (building one costs ~0.15 s).
 EPOCHS_PER_DATASET = 8
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
-          work_dir: str, *, annotations_properties: Mapping | None = None,
-          vocabulary_properties: Mapping | None = None,
-          log: Callable[[str], None] = _log) -> dict:
-    """Trains the captioner with the custom distributed loop and writes the Model folder.
-
-    Args:
-      annotations_uri: the Annotations artifact folder (`train/`, `val/` TFRecords).
-      vocabulary_uri: the Vocabulary artifact folder (`vocab.txt`).
-      config: the `PipelineConfig` (its `model` and `train` sections are used).
-      output_uri: the Model folder to fill (the chief's; other workers of a
-        multi-worker job write temporary folders and delete them).
-      work_dir: checkpoints, logs and `best.keras` that survive a crash; a
-        re-run with the same folder resumes.
-      annotations_properties, vocabulary_properties: the artifacts'
-        properties (`grid_shape`, `num_records`, `size`), read from the
-        files when missing.
-      log: one line of progress text.
-    Returns:
-      `{"model": {"counts": ..., "properties": ...}}`; properties carry
-      `steps`, `examples_seen`, `wall_seconds`, `best_metric`, `best_epoch`,
-      `vocab_size`, `grid_shape`, `attention`, `is_chief`, `history`, ...
-    """
-    tcfg = config.train
-    if tcfg.early_stopping_metric not in METRICS:
-        raise ValueError(f"train.early_stopping_metric must be one of {METRICS}, "
-                         f"got {tcfg.early_stopping_metric!r}")
-    if tcfg.mixed_precision not in precision_lib.CHOICES:
-        raise ValueError(f"train.mixed_precision must be one of {', '.join(precision_lib.CHOICES)}"
-                         f", got {tcfg.mixed_precision!r}")
-    started = time.time()
-    # Before any other TF op: logical CPU devices and collective ops.
-    strategy = distribute.make_strategy(tcfg)
-    chosen = precision_lib.resolve(tcfg.mixed_precision)
-    # From here on the config names the policy actually used.
-    config = config_lib.replace_section(config, "train", mixed_precision=chosen.policy)
-    tcfg = config.train
-    role = (distribute.cluster_role() if distribute.is_multi_worker(strategy)
-            else distribute.ClusterRole())
-    import keras
-    os.makedirs(work_dir, exist_ok=True)
-    lock = checkpointing.lock_work_dir(work_dir) if role.is_chief else None
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(tcfg.mixed_precision)
-    try:
-        inputs = read_inputs(strategy, role, config, annotations_uri, vocabulary_uri,
-                             annotations_properties=annotations_properties or {},
-                             vocabulary_properties=vocabulary_properties or {})
-        loop = None
-        if tcfg.objective == "xe" or not tcfg.init_model:
-            loop = TrainingLoop(strategy, role, config, inputs, work_dir, log, started=started,
-                                precision=chosen)
-            stop_reason = loop.run()
-            loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
-            if tcfg.objective == "xe":
-                return export(loop.trained_run(output_uri))
-        from components.trainer.scst import run_scst
-        return export(run_scst(strategy, role, config, inputs, work_dir, log,
-                               annotations_uri=annotations_uri, output_uri=output_uri,
-                               xe_loop=loop, xe_stop_reason=stop_reason if loop else "",
-                               started=started, precision=chosen))
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
-        if lock is not None:
-            lock.close()
 
 
 @dataclasses.dataclass
@@ -169,10 +97,11 @@ def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: st
                        total_steps=total_steps)
 
 
-class TrainingLoop:
-    """One training run's model, optimizer, checkpoints and loop state.
+@dataclasses.dataclass
+class LoopSetup:
+    """What every phase of a training run shares.
 
-    Args:
+    Attributes:
       strategy: the `tf.distribute.Strategy`.
       role: this process' `distribute.ClusterRole`.
       config: the `PipelineConfig`.
@@ -183,18 +112,32 @@ class TrainingLoop:
       precision: the resolved `components.contract.precision.Precision` (default: the config's
         policy, as set).
     """
+    strategy: Any
+    role: Any
+    config: Any
+    inputs: TrainInputs
+    work_dir: str
+    log: Callable[[str], None]
+    started: float | None = None
+    precision: precision_lib.Precision | None = None
 
-    def __init__(self, strategy, role, config, inputs: TrainInputs, work_dir: str,
-                 log: Callable[[str], None], *, started: float | None = None,
-                 precision: precision_lib.Precision | None = None):
-        self.strategy, self.role, self.config = strategy, role, config
-        self.precision = precision or precision_lib.resolve(
-            config.train.mixed_precision)
-        self.inputs, self.work_dir, self.log = inputs, work_dir, log
-        self.tcfg = config.train
-        self.chief = role.is_chief
-        self.say = log if self.chief else (lambda line: None)
-        self.multi_worker = distribute.is_multi_worker(strategy)
+
+class TrainingLoop:
+    """One training phase's model, optimizer, checkpoints and loop state.
+
+    Args:
+      setup: the run's `LoopSetup`.
+    """
+
+    def __init__(self, setup: LoopSetup):
+        self.strategy, self.role, self.config = setup.strategy, setup.role, setup.config
+        self.precision = setup.precision or precision_lib.resolve(
+            setup.config.train.mixed_precision)
+        self.inputs, self.work_dir, self.log = setup.inputs, setup.work_dir, setup.log
+        self.tcfg = setup.config.train
+        self.chief = setup.role.is_chief
+        self.say = setup.log if self.chief else (lambda line: None)
+        self.multi_worker = distribute.is_multi_worker(setup.strategy)
         self.final: dict = {}           # the last step's results
         self._step_fn = self._iterator = None
         self._iterator_end = 0          # the first epoch the iterator does not hold
@@ -202,7 +145,7 @@ class TrainingLoop:
         self._announce()
         self._build()
         self._open_outputs()
-        self.timing = Timing(started=started or time.time())
+        self.timing = Timing(started=setup.started or time.time())
 
     def _phase_settings(self) -> None:
         """What differs between the cross-entropy and the self-critical phase (`components.trainer.scst`)."""
@@ -292,6 +235,11 @@ class TrainingLoop:
                                 if self.model.attention == "hard" else 0)
 
     # ------------------------------------------------------------------ loop
+
+    def release_inputs(self) -> None:
+        """Closes the TensorBoard writer and frees the input pipeline (and its cache)."""
+        self.writer.close()
+        self._iterator = None
 
     def save_checkpoint(self) -> None:
         """A checkpoint at the current step (other workers: into a temporary folder)."""

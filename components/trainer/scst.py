@@ -21,7 +21,7 @@ from components.contract import config as config_lib
 from components.contract import schema
 from components.trainer import checkpointing, summaries
 from components.trainer.export import LOG
-from components.trainer.loop import TrainingLoop
+from components.trainer.loop import LoopSetup, TrainingLoop
 
 PHASE_DIR = "scst"
 # The smallest relative val_loss drop of a last epoch that counts as "still improving".
@@ -71,18 +71,17 @@ class ScstLoop(TrainingLoop):
     """`TrainingLoop` with the self-critical step, CIDEr validation and its own folder.
 
     Args:
-      (as `TrainingLoop`) plus
+      setup: the run's `LoopSetup` (its inputs yield the references too:
+        `scst_inputs`).
       start: the `.keras` file the phase starts from (when no SCST
         checkpoint exists yet).
       scorer: the `models.cider_d.CiderD` of the training references.
       max_length: most words per sampled caption.
     """
 
-    def __init__(self, strategy, role, config, inputs, work_dir, log, *, start: str, scorer,
-                 max_length: int, started=None, precision=None):
+    def __init__(self, setup: LoopSetup, *, start: str, scorer, max_length: int):
         self.start, self.scorer, self.max_length = start, scorer, int(max_length)
-        super().__init__(strategy, role, config, inputs, work_dir, log, started=started,
-                         precision=precision)
+        super().__init__(setup)
 
     def _phase_settings(self) -> None:
         tcfg = self.tcfg
@@ -148,13 +147,10 @@ class ScstLoop(TrainingLoop):
         return cider
 
     def _make_step(self, element_spec):
-        from components.trainer.scst_step import make_scst_step
-        tcfg = self.tcfg
-        return make_scst_step(
-            self.strategy, self.model, self.optimizer, self.scorer, clip_norm=tcfg.clip_norm,
-            global_batch_size=tcfg.batch_size, num_samples=tcfg.scst_samples,
-            max_length=self.max_length, baseline=tcfg.scst_baseline,
-            xe_weight=tcfg.scst_xe_weight, element_spec=element_spec)
+        from components.trainer.scst_step import ScstStepOptions, make_scst_step
+        return make_scst_step(self.strategy, self.model, self.optimizer, self.scorer,
+                              ScstStepOptions.from_config(self.tcfg, self.max_length),
+                              element_spec)
 
     def _call_step(self, batch) -> dict:
         import tensorflow as tf
@@ -206,45 +202,31 @@ class ScstLoop(TrainingLoop):
         return run
 
 
-def run_scst(strategy, role, config, inputs, work_dir: str, log, *, annotations_uri: str,
-             output_uri: str, xe_loop=None, xe_stop_reason: str = "", started=None,
-             precision=None):
-    """The self-critical phase after `xe_loop` (or from `train.init_model`): a `TrainedRun`.
+def run_scst(setup: LoopSetup, *, annotations_uri: str, output_uri: str, start: str,
+             history: list[dict], xe_stop_reason: str = ""):
+    """The self-critical phase from the model `start`: a `TrainedRun`.
 
     Args:
-      strategy, role, config, inputs, work_dir, log: as for `TrainingLoop`.
+      setup: the run's `LoopSetup` (with the cross-entropy inputs).
       annotations_uri: the Annotations folder (the training references).
       output_uri: the Model folder.
-      xe_loop: the finished cross-entropy `TrainingLoop`, or None when
-        starting from `train.init_model`.
-      xe_stop_reason: why the cross-entropy phase stopped.
-      started, precision: as for `TrainingLoop`.
+      start: the `.keras` file of the converged cross-entropy model.
+      history: that model's cross-entropy epoch rows.
+      xe_stop_reason: why the cross-entropy phase stopped ("" when it ran elsewhere).
     Returns:
       The `TrainedRun` to export.
     """
-    from components.trainer.model_setup import start_file
+    config, role = setup.config, setup.role
     tcfg = config.train
-    say = log if role.is_chief else (lambda line: None)
-    if xe_loop is not None:
-        xe_loop.writer.close()
-        xe_loop._iterator = None   # frees the cross-entropy input pipeline (and its cache)
-        start = xe_loop.best_path
-        if not os.path.exists(start) and role.is_chief:  # no validation split: the final weights
-            start = os.path.join(work_dir, "xe_final.keras")
-            checkpointing.atomic_save(xe_loop.model, start)
-        history = checkpointing.read_history(work_dir)
-    else:
-        start = start_file(tcfg.init_model)
-        history = start_history(tcfg.init_model, work_dir)
-    phase_dir = os.path.join(work_dir, PHASE_DIR)
+    say = setup.log if role.is_chief else (lambda line: None)
+    phase_dir = os.path.join(setup.work_dir, PHASE_DIR)
     if role.is_chief and not os.path.exists(
             os.path.join(phase_dir, schema.CHECKPOINTS_DIR, "checkpoint")):
         check_start(config, history, xe_stop_reason, say)  # before the costly setup
-    scorer, longest = build_scorer(annotations_uri, inputs.vocab_size, say)
+    scorer, longest = build_scorer(annotations_uri, setup.inputs.vocab_size, say)
     max_length = tcfg.scst_max_length or longest + 1
-    loop = ScstLoop(strategy, role, config, scst_inputs(inputs, config), work_dir, log,
-                    start=start, scorer=scorer, max_length=max_length, started=started,
-                    precision=precision)
+    loop = ScstLoop(dataclasses.replace(setup, inputs=scst_inputs(setup.inputs, config)),
+                    start=start, scorer=scorer, max_length=max_length)
     # The chief's restored state, which every worker now holds, decides.
     if loop.resumed_from == 0:
         start_cider = loop.start_as_best()

@@ -12,6 +12,7 @@ replica id: a resumed run samples what the interrupted one would have.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_sum",
@@ -20,9 +21,50 @@ SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_su
 MEAN_KEYS = ("grad_norm", "loss_scale")
 
 
-def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
-                   global_batch_size: int, num_samples: int, max_length: int, baseline: str,
-                   xe_weight: float, element_spec) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class ScstStepOptions:
+    """The settings of the self-critical step.
+
+    Attributes:
+      clip_norm: global-norm clipping (<= 0: off).
+      global_batch_size: images per step over all replicas.
+      num_samples: captions sampled per image.
+      max_length: most words per sampled caption.
+      baseline: `"greedy"` or `"mean"`.
+      xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
+    """
+    clip_norm: float
+    global_batch_size: int
+    num_samples: int
+    max_length: int
+    baseline: str = "greedy"
+    xe_weight: float = 0.0
+
+    @classmethod
+    def from_config(cls, tcfg, max_length: int) -> "ScstStepOptions":
+        """The options of the `train` section, with the phase's caption length."""
+        return cls(clip_norm=tcfg.clip_norm, global_batch_size=tcfg.batch_size,
+                   num_samples=tcfg.scst_samples, max_length=max_length,
+                   baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight)
+
+
+def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size: int):
+    """`(loss term, nll sum)` of the cross-entropy on one reference per image.
+
+    Weighted as in components/trainer/step.py: token terms by this replica's
+    share of the global tokens, the attention penalty by its share of the images.
+    """
+    import tensorflow as tf
+    xe = model.compute_loss_terms(annotations, tokens, training=True, update_baseline=False)
+    local_batch = tf.cast(tf.shape(tokens)[0], tf.float32)
+    token_part = xe["loss"] - xe["attention_penalty"]
+    loss = (token_part * (tf.maximum(xe["num_tokens"], 1.0) / tf.maximum(global_tokens, 1.0))
+            + xe["attention_penalty"] * (local_batch / global_batch_size))
+    return loss, tf.reduce_sum(xe["example_nll"])
+
+
+def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
+                   element_spec) -> Callable:
     """`step(per_replica_batch, seed) -> dict of float scalars` for self-critical training.
 
     Args:
@@ -30,12 +72,7 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
       model: a built `ShowAttendTell`.
       optimizer: a Keras optimizer built on `model.trainable_variables`.
       scorer: a `models.cider_d.CiderD` built from the training references.
-      clip_norm: global-norm clipping (<= 0: off).
-      global_batch_size: images per step over all replicas.
-      num_samples: captions sampled per image.
-      max_length: most words per sampled caption.
-      baseline: `"greedy"` or `"mean"`.
-      xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
+      options: the `ScstStepOptions`.
       element_spec: the distributed dataset's `element_spec`; batches hold
         `annotations`, `tokens` (one reference) and `references` (all).
     Returns:
@@ -46,9 +83,10 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
     from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
     from models.text import PAD_ID
+    num_samples, xe_weight = options.num_samples, options.xe_weight
     replicas = strategy.num_replicas_in_sync
     variables = model.trainable_variables
-    apply = make_apply(strategy, model, optimizer, clip_norm)
+    apply = make_apply(strategy, model, optimizer, options.clip_norm)
     SUM = tf.distribute.ReduceOp.SUM
     loss_scaled = is_loss_scaled(optimizer)
 
@@ -56,12 +94,12 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
         ctx = tf.distribute.get_replica_context()
         seed = tf.random.experimental.stateless_fold_in(
             seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
-        annotations = batch["annotations"]
+        annotations, tokens = batch["annotations"], tf.cast(batch["tokens"], tf.int32)
         sampled = scst.sample_and_reward(
             model, annotations, tf.cast(batch["references"], tf.int32), scorer,
-            num_samples=num_samples, max_length=max_length, seed=seed, baseline=baseline)
+            num_samples=num_samples, max_length=options.max_length, seed=seed,
+            baseline=options.baseline)
         local_words = tf.reduce_sum(tf.cast(tf.not_equal(sampled["tokens"], PAD_ID), tf.float32))
-        tokens = tf.cast(batch["tokens"], tf.int32)
         local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
         counts = tf.stack([local_words, local_tokens])
         global_words, global_tokens = tf.unstack(
@@ -72,15 +110,9 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
             loss = terms["policy_sum"] / tf.maximum(global_words, 1.0)
             nll_sum, num_tokens = tf.zeros(()), local_tokens
             if xe_weight > 0:
-                xe = model.compute_loss_terms(annotations, tokens, training=True,
-                                              update_baseline=False)
-                local_batch = tf.cast(tf.shape(tokens)[0], tf.float32)
-                token_part = xe["loss"] - xe["attention_penalty"]
-                loss += xe_weight * (
-                    token_part * (tf.maximum(xe["num_tokens"], 1.0)
-                                  / tf.maximum(global_tokens, 1.0))
-                    + xe["attention_penalty"] * (local_batch / global_batch_size))
-                nll_sum = tf.reduce_sum(xe["example_nll"])
+                xe_loss, nll_sum = _mixed_xe_loss(model, annotations, tokens, global_tokens,
+                                                  options.global_batch_size)
+                loss += xe_weight * xe_loss
             scaled = optimizer.scale_loss(loss) if loss_scaled else loss
         grads = tape.gradient(scaled, variables)
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
@@ -93,8 +125,7 @@ def make_scst_step(strategy, model, optimizer, scorer, *, clip_norm: float,
                "reward_sum": tf.reduce_sum(sampled["reward"]),
                "baseline_sum": tf.reduce_sum(sampled["baseline"]),
                "greedy_reward_sum": tf.reduce_sum(sampled["greedy_reward"]),
-               "positive_advantage": tf.reduce_sum(
-                   tf.cast(sampled["advantage"] > 0, tf.float32)),
+               "positive_advantage": tf.reduce_sum(tf.cast(sampled["advantage"] > 0, tf.float32)),
                "samples": images * float(num_samples), "examples": images,
                "nll_sum": nll_sum, "num_tokens": num_tokens,
                "grad_norm": norm, "loss_scale": scale}

@@ -65,7 +65,7 @@ def run(ctx) -> dict:
         _log(f"{LOG} TensorFlow already runs in this process; training in a child process "
              f"(train.strategy={tcfg.strategy}, cpu_logical_devices={tcfg.cpu_logical_devices})")
         return _run_child(annotations, vocabulary, config_path, out, ctx.work_dir)
-    from components.trainer.loop import train
+    from components.trainer.phases import train
     return train(annotations.uri, vocabulary.uri, ctx.config, out, ctx.work_dir,
                  annotations_properties=annotations.properties,
                  vocabulary_properties=vocabulary.properties)

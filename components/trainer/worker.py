@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         except ArtifactError:
             return {}
 
-    from components.trainer.loop import train
+    from components.trainer.phases import train
     result = train(args.annotations, args.vocabulary, config, output, work_dir,
                    annotations_properties=props(args.annotations),
                    vocabulary_properties=props(args.vocabulary))

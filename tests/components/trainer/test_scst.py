@@ -12,7 +12,7 @@ import tensorflow as tf
 from components.contract import config as config_lib
 from components import trainer
 from components.trainer import checkpointing, scst
-from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, make_scst_step
+from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, ScstStepOptions, make_scst_step
 from models.cider_d import CiderD
 from models.decoding import greedy_decode
 from tests.components.test_trainer import _config, _ctx, _events, source  # noqa: F401
@@ -151,9 +151,9 @@ def _scst_step(model, batch, scorer, baseline="greedy", xe_weight=0.0, learning_
     optimizer = keras.optimizers.Adam(learning_rate)
     optimizer.build(model.trainable_variables)
     spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
-    return make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, clip_norm=5.0,
-                          global_batch_size=2, num_samples=4, max_length=5, baseline=baseline,
-                          xe_weight=xe_weight, element_spec=spec)
+    options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=4, max_length=5,
+                              baseline=baseline, xe_weight=xe_weight)
+    return make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options, spec)
 
 
 @pytest.mark.parametrize("attention,baseline", [("soft", "greedy"), ("hard", "mean")])
@@ -225,9 +225,9 @@ def test_init_model_loads_matching_weights_and_names_a_mismatch(tmp_path):
 
 
 def test_a_relative_init_model_is_made_absolute_before_training(source, tmp_path, monkeypatch):
-    from components.trainer import loop
+    from components.trainer import phases
     seen = {}
-    monkeypatch.setattr(loop, "train", lambda *args, **kwargs: seen.setdefault("config", args[2]))
+    monkeypatch.setattr(phases, "train", lambda *args, **kwargs: seen.setdefault("config", args[2]))
     monkeypatch.chdir(tmp_path)
     ctx = _ctx(source, str(tmp_path), _config(init_model="runs/model"))
     trainer.run(ctx)
