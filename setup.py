@@ -27,6 +27,8 @@ setup(
         # REST: a production ASGI server and its strict HTTP/1.1 parser.
         "uvicorn>=0.30",
         "h11>=0.16",
+        # REST answers: numeric arrays written to JSON straight from their buffers.
+        "orjson>=3.9",
         # Prometheus text exposition of TF Serving's metrics.
         "prometheus-client>=0.20",
         "grpcio-reflection",
@@ -35,7 +37,7 @@ setup(
         "pillow>=10",
         "tqdm>=4.60",
         "numpy>=1.26",
-        # Streams COCO / Karpathy caption JSON (components/sources/json_stream.py).
+        # Streams COCO / Karpathy caption JSON (components/example_gen/sources/json_stream.py).
         "ijson>=3.2",
     ],
     extras_require={

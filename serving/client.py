@@ -17,11 +17,13 @@ Command line (`captioner caption`):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import grpc
@@ -78,6 +80,24 @@ class CaptionError(Exception):
         super().__init__(message + (f" ({hint})" if hint else ""))
 
 
+@dataclass(frozen=True)
+class ClientOptions:
+    """How a `CaptionClient` retries and sizes its calls.
+
+    Attributes:
+      max_attempts: tries per call when the server is UNAVAILABLE.
+      initial_backoff, max_backoff: exponential backoff bounds (seconds)
+        between those tries, with jitter.
+      input_name: the image input's name in the signature.
+      max_message_bytes: largest message sent or received.
+    """
+    max_attempts: int = 5
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    input_name: str = "image_bytes"
+    max_message_bytes: int = 256 << 20
+
+
 class CaptionClient:
     """Captions images through TF Serving's PredictionService.
 
@@ -90,48 +110,32 @@ class CaptionClient:
       timeout: seconds per attempt of each call.
       root_certificates: PEM bytes (or a path to a PEM file) of the CA that
         signed the server's certificate; enables TLS.
-      max_attempts: tries per call when the server is UNAVAILABLE.
-      initial_backoff, max_backoff: exponential backoff bounds (seconds)
-        between those tries, with jitter.
-      input_name: the image input's name in the signature.
+      options: retries and message sizes (`ClientOptions`).
+      **tuning: fields of `ClientOptions` (`max_attempts=1`), replacing
+        those of `options`.
     """
 
     def __init__(self, target: str, model_name: str = "captioner",
                  signature: str = "serving_default",
                  version: Optional[Union[int, str]] = None, timeout: float = 30.0,
                  root_certificates: Optional[Union[bytes, str]] = None, *,
-                 max_attempts: int = 5, initial_backoff: float = 0.1, max_backoff: float = 2.0,
-                 input_name: str = "image_bytes", max_message_bytes: int = 256 << 20):
+                 options: Optional[ClientOptions] = None, **tuning):
+        options = dataclasses.replace(options or ClientOptions(), **tuning)
         self.target = target
         self.model_name = model_name
         self.signature = signature
         self.timeout = timeout
-        self.max_attempts = max(1, max_attempts)
-        self.initial_backoff = initial_backoff
-        self.max_backoff = max_backoff
-        self.input_name = input_name
+        self.max_attempts = max(1, options.max_attempts)
+        self.initial_backoff = options.initial_backoff
+        self.max_backoff = options.max_backoff
+        self.input_name = options.input_name
         self.version: Optional[int] = None
         self.version_label: Optional[str] = None
         if isinstance(version, str) and not version.isdigit():
             self.version_label = version
         elif version is not None:
             self.version = int(version)
-        # The channel's own reconnect backoff (1 s, growing, by default) would
-        # make retries fail fast until it elapses: keep it at the client's pace.
-        backoff_ms = max(10, int(initial_backoff * 1000))
-        options = [("grpc.max_receive_message_length", max_message_bytes),
-                   ("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-                   ("grpc.min_reconnect_backoff_ms", backoff_ms),
-                   ("grpc.max_reconnect_backoff_ms", max(backoff_ms, int(max_backoff * 1000)))]
-        if root_certificates is not None:
-            if isinstance(root_certificates, str):
-                with open(root_certificates, "rb") as f:
-                    root_certificates = f.read()
-            credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-            self._channel = grpc.secure_channel(target, credentials, options=options)
-        else:
-            self._channel = grpc.insecure_channel(target, options=options)
+        self._channel = _channel(target, root_certificates, options)
         self._predictions = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
         self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
 
@@ -297,6 +301,27 @@ class CaptionClient:
         return [{"version": s.version, "state": states.Name(s.state),
                  "error_code": s.status.error_code, "error_message": s.status.error_message}
                 for s in response.model_version_status]
+
+
+def _channel(target: str, root_certificates: Optional[Union[bytes, str]],
+             options: ClientOptions) -> grpc.Channel:
+    """A channel to `target`, with TLS when `root_certificates` is given."""
+    # The channel's own reconnect backoff (1 s, growing, by default) would
+    # make retries fail fast until it elapses: keep it at the client's pace.
+    backoff_ms = max(10, int(options.initial_backoff * 1000))
+    channel_options = [
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+        ("grpc.min_reconnect_backoff_ms", backoff_ms),
+        ("grpc.max_reconnect_backoff_ms", max(backoff_ms, int(options.max_backoff * 1000)))]
+    if root_certificates is None:
+        return grpc.insecure_channel(target, options=channel_options)
+    if isinstance(root_certificates, str):
+        with open(root_certificates, "rb") as f:
+            root_certificates = f.read()
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return grpc.secure_channel(target, credentials, options=channel_options)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -83,16 +84,29 @@ class CaptionerModule:
         return self.caption_annotations(annotations)
 
 
-def export_saved_model(path: str, encoder, decoder, vocabulary: Sequence[str], *,
-                       beam_size: int = 3, max_length: int = 30,
-                       length_normalization: float = 0.0, model_name: str = "captioner",
+@dataclass(frozen=True)
+class Decoding:
+    """How the exported graph decodes (see `CaptionerModule`).
+
+    Attributes:
+      beam_size: 1 = greedy decoding.
+      max_length: maximum caption length in words (with `<end>`).
+      length_normalization: beam search length penalty alpha (0 = off).
+    """
+    beam_size: int = 3
+    max_length: int = 30
+    length_normalization: float = 0.0
+
+
+def export_saved_model(path: str, encoder, decoder, vocabulary: Sequence[str],
+                       decoding: Optional[Decoding] = None, *, model_name: str = "captioner",
                        num_warmup_requests: int = 2) -> str:
     """Writes a TF-Serving-ready SavedModel with both signatures and a warmup file.
 
     Args:
       path: the (not yet existing) version folder to write.
-      encoder, decoder, vocabulary, beam_size, max_length, length_normalization:
-        see `CaptionerModule`.
+      encoder, decoder, vocabulary: see `CaptionerModule`.
+      decoding: how the graph decodes (default `Decoding()`: beam 3, 30 words).
       model_name: the model name written into the warmup requests.
       num_warmup_requests: `PredictionLog` records in
         `assets.extra/tf_serving_warmup_requests` (0 = none).
@@ -101,8 +115,9 @@ def export_saved_model(path: str, encoder, decoder, vocabulary: Sequence[str], *
     """
     import keras
     import tensorflow as tf
-    module = CaptionerModule(encoder, decoder, vocabulary, beam_size, max_length,
-                             length_normalization)
+    decoding = decoding or Decoding()
+    module = CaptionerModule(encoder, decoder, vocabulary, decoding.beam_size,
+                             decoding.max_length, decoding.length_normalization)
     _, _, d = module.grid
     h, w, _ = module.grid
     archive = keras.export.ExportArchive()

@@ -156,14 +156,32 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+# A TF-style boolean flag: `--name`, `--name=true`, `--name=false`.
+_BOOL_FLAG = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `captioner serve` argument parser (both flag styles)."""
     p = argparse.ArgumentParser(
         prog="captioner serve", allow_abbrev=False, formatter_class=DefaultsHelpFormatter,
         description="Serve SavedModel versions over TF Serving's gRPC and REST APIs. "
                     "tensorflow_model_server's flags are accepted too.")
-    flag = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")
-    src = p.add_argument_group("models")
+    _add_model_flags(p.add_argument_group("models"))
+    _add_network_flags(p.add_argument_group("network"))
+    _add_limit_flags(p.add_argument_group("limits"))
+    _add_batching_flags(p.add_argument_group("batching"))
+    tf_group = p.add_argument_group("TensorFlow")
+    tf_group.add_argument("--tensorflow_intra_op_parallelism", dest="intra_op", type=int,
+                          default=0)
+    tf_group.add_argument("--tensorflow_inter_op_parallelism", dest="inter_op", type=int,
+                          default=0)
+    p.add_argument("--version", dest="show_version", default=False, **_BOOL_FLAG,
+                   help="print the version and exit")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _add_model_flags(src) -> None:
     src.add_argument("--model-base-path", "--model_base_path", dest="model_base_path",
                      help="folder with integer version folders")
     src.add_argument("--model-name", "--model_name", dest="model_name", default="captioner",
@@ -179,13 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--poll-seconds", "--file_system_poll_wait_seconds", type=float,
                      dest="poll_seconds", default=DEFAULTS.poll_seconds,
                      help="file-system poll interval; <= 0 polls once")
-    src.add_argument("--enable_model_warmup", dest="warmup", default=True, **flag,
+    src.add_argument("--enable_model_warmup", dest="warmup", default=True, **_BOOL_FLAG,
                      help="replay the warmup records of each version (default true)")
     src.add_argument("--allow_version_labels_for_unavailable_models", dest="allow_labels",
-                     default=False, **flag)
+                     default=False, **_BOOL_FLAG)
     src.add_argument("--max_num_load_retries", dest="max_load_retries", type=int,
                      default=DEFAULTS.max_load_retries)
-    net = p.add_argument_group("network")
+
+
+def _add_network_flags(net) -> None:
     net.add_argument("--host", default=DEFAULTS.host,
                      help="address to bind (default: 127.0.0.1, loopback only)")
     net.add_argument("--port", type=int, default=DEFAULTS.port, help="gRPC port (0: any free)")
@@ -200,13 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TF Serving SSLConfig text: TLS on the gRPC port only")
     net.add_argument("--max-threads", "--grpc_max_threads", dest="max_threads", type=int,
                      default=DEFAULTS.max_threads, help="gRPC worker threads")
-    net.add_argument("--enable_grpc_healthcheck_service", dest="health", default=True, **flag)
+    net.add_argument("--enable_grpc_healthcheck_service", dest="health", default=True,
+                     **_BOOL_FLAG)
     net.add_argument("--monitoring_config_file",
                      help="TF Serving MonitoringConfig text: Prometheus metrics on the REST port")
     net.add_argument("--ui", action="store_true",
                      help="serve the attention explorer page at /ui/ on the REST port "
                           "(off by default)")
-    lim = p.add_argument_group("limits")
+
+
+def _add_limit_flags(lim) -> None:
     lim.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_request_bytes)
     lim.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
                      help="refuse images whose header claims more pixels (0: no limit)")
@@ -229,24 +252,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "together; more wait, up to their deadline, and one request may "
                           "need no more (default: twice --max-decode-work; 0: no CPU "
                           "admission)")
-    bat = p.add_argument_group("batching")
+
+
+def _add_batching_flags(bat) -> None:
     bat.add_argument("--enable-batching", "--enable_batching", dest="enable_batching",
-                     default=False, **flag, help="batch concurrent requests (TF Serving semantics)")
+                     default=False, **_BOOL_FLAG,
+                     help="batch concurrent requests (TF Serving semantics)")
     bat.add_argument("--batching-parameters-file", "--batching_parameters_file",
                      dest="batching_parameters_file",
                      help="TF Serving batching parameters text file (implies batching)")
     bat.add_argument("--max-batch-size", type=int)
     bat.add_argument("--batch-timeout-micros", type=int)
     bat.add_argument("--num-batch-threads", type=int)
-    tf_group = p.add_argument_group("TensorFlow")
-    tf_group.add_argument("--tensorflow_intra_op_parallelism", dest="intra_op", type=int,
-                          default=0)
-    tf_group.add_argument("--tensorflow_inter_op_parallelism", dest="inter_op", type=int,
-                          default=0)
-    p.add_argument("--version", dest="show_version", default=False, **flag,
-                   help="print the version and exit")
-    p.add_argument("--log-level", default="INFO")
-    return p
 
 
 def batching_from_args(args) -> Optional[BatchingParameters]:

@@ -28,16 +28,17 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import grpc
 import tensorflow as tf
-from google.protobuf import text_format
-from tensorflow_serving.config import model_server_config_pb2
 
 from serving.batching_parameters import BatchingParameters
 from serving.errors import ServingError, failed_precondition, invalid_argument, not_found
+# The model config's types, importable from here as before.
+from serving.model_config import (ModelSource, VersionPolicy, VersionStatus,  # noqa: F401
+                                  read_model_config, sources_from_config)
 from serving.servable import Servable
 
 log = logging.getLogger(__name__)
@@ -50,136 +51,23 @@ MAX_LOAD_RETRIES = 5
 
 
 @dataclass(frozen=True)
-class VersionPolicy:
-    """Which of the versions on disk to serve (TF Serving's ServableVersionPolicy)."""
-    kind: str = "latest"              # latest | all | specific
-    num_versions: int = 1             # latest
-    versions: Tuple[int, ...] = ()    # specific
+class LoadOptions:
+    """How each version is loaded.
 
-    def __post_init__(self):
-        if self.kind not in ("latest", "all", "specific"):
-            raise ValueError(f"unknown version policy {self.kind!r}")
-        if self.kind == "latest" and self.num_versions < 1:
-            raise ValueError("latest: num_versions must be >= 1")
-        if self.kind == "specific" and not self.versions:
-            raise ValueError("specific: give at least one version")
-
-    @classmethod
-    def parse(cls, text: str) -> "VersionPolicy":
-        """Parses `latest`, `latest:N`, `all` or `specific:1,2`."""
-        kind, _, arg = text.strip().partition(":")
-        try:
-            if kind == "latest":
-                return cls("latest", int(arg) if arg else 1)
-            if kind == "all" and not arg:
-                return cls("all")
-            if kind == "specific":
-                return cls("specific", versions=tuple(sorted({int(v) for v in arg.split(",")})))
-        except ValueError as e:
-            raise ValueError(f"bad version policy {text!r}: {e}") from None
-        raise ValueError(f"bad version policy {text!r}; use latest:N, all or specific:1,2")
-
-    @classmethod
-    def from_proto(cls, policy) -> "VersionPolicy":
-        """From a `FileSystemStoragePathSourceConfig.ServableVersionPolicy`."""
-        choice = policy.WhichOneof("policy_choice")
-        if choice == "all":
-            return cls("all")
-        if choice == "specific":
-            return cls("specific", versions=tuple(sorted(set(policy.specific.versions))))
-        if choice == "latest":
-            return cls("latest", policy.latest.num_versions or 1)
-        return cls()
-
-    def select(self, versions) -> set:
-        """The versions to serve among those on disk."""
-        versions = sorted(versions)
-        if self.kind == "all":
-            return set(versions)
-        if self.kind == "specific":
-            return set(versions) & set(self.versions)
-        return set(versions[-self.num_versions:])
-
-    def __str__(self) -> str:
-        if self.kind == "latest":
-            return f"latest:{self.num_versions}"
-        if self.kind == "specific":
-            return "specific:" + ",".join(map(str, self.versions))
-        return "all"
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """One served model: its name, base path, version policy and labels."""
-    name: str
-    base_path: str
-    policy: VersionPolicy = VersionPolicy()
-    labels: Mapping[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class VersionStatus:
-    """A version's state as GetModelStatus reports it."""
-    state: str                        # START | LOADING | AVAILABLE | UNLOADING | END
-    error_code: grpc.StatusCode = grpc.StatusCode.OK
-    error_message: str = ""
-
-
-def read_model_config(path: str) -> List[ModelSource]:
-    """Parses a `models.config` (ModelServerConfig text format).
-
-    Relative base paths are taken relative to the config file's folder.
-    Raises:
-      ValueError: unparsable text, a custom config, duplicate or missing
-        names, missing base paths, or a platform other than tensorflow.
+    Attributes:
+      max_image_pixels: passed to every `Servable`.
+      batching: batching parameters for every `Servable`, or None.
+      warmup: `warmup(request, servable)` that replays one warmup
+        PredictRequest; None skips warmup.
+      batch_observer: passed to every `Servable` (batching metrics).
+      max_load_retries: attempts after a version's first failed load
+        (TF Serving's `--max_num_load_retries`).
     """
-    try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            text = f.read()
-    except tf.errors.OpError as e:
-        raise ValueError(f"cannot read the model config {path}: {e.message}") from None
-    config = model_server_config_pb2.ModelServerConfig()
-    try:
-        text_format.Parse(text, config)
-    except text_format.ParseError as e:
-        raise ValueError(f"{path}: {e}") from None
-    return sources_from_config(config, path, os.path.dirname(os.path.abspath(path)))
-
-
-def sources_from_config(config: model_server_config_pb2.ModelServerConfig, path: str = "config",
-                        base_dir: Optional[str] = None) -> List[ModelSource]:
-    """The models a `ModelServerConfig` lists.
-
-    Args:
-      config: the parsed config.
-      path: names the config in error messages.
-      base_dir: relative base paths are taken relative to it (default: the
-        working directory).
-    Raises:
-      ValueError: as `read_model_config`.
-    """
-    base_dir = base_dir or os.getcwd()
-    if config.WhichOneof("config") == "custom_model_config":
-        raise ValueError(f"{path}: custom_model_config is not supported")
-    sources, seen = [], set()
-    for entry in config.model_config_list.config:
-        if not entry.name:
-            raise ValueError(f"{path}: a model config has no name")
-        if entry.name in seen:
-            raise ValueError(f"{path}: model {entry.name!r} is configured twice")
-        if not entry.base_path:
-            raise ValueError(f"{path}: model {entry.name!r} has no base_path")
-        if entry.model_platform not in ("", "tensorflow"):
-            raise ValueError(f"{path}: model {entry.name!r}: platform "
-                             f"{entry.model_platform!r} is not supported")
-        seen.add(entry.name)
-        base = entry.base_path
-        if "://" not in base and not os.path.isabs(base):
-            base = os.path.join(base_dir, base)
-        policy = (VersionPolicy.from_proto(entry.model_version_policy)
-                  if entry.HasField("model_version_policy") else VersionPolicy())
-        sources.append(ModelSource(entry.name, base, policy, dict(entry.version_labels)))
-    return sources
+    max_image_pixels: int = 0
+    batching: Optional[BatchingParameters] = None
+    warmup: Optional[Callable] = None
+    batch_observer: Optional[Callable] = None
+    max_load_retries: int = MAX_LOAD_RETRIES
 
 
 class ModelManager:
@@ -194,34 +82,21 @@ class ModelManager:
       config_poll_seconds: seconds between checks of `config_file` (TF
         Serving's `--model_config_file_poll_wait_seconds`); <= 0 reads it
         once; None checks it at every poll of the base paths.
-      max_load_retries: attempts after a version's first failed load
-        (TF Serving's `--max_num_load_retries`).
-      max_image_pixels: passed to every `Servable`.
-      batching: batching parameters for every `Servable`, or None.
-      warmup: `warmup(request, servable)` that replays one warmup
-        PredictRequest; None skips warmup.
+      loading: how each version is loaded (`LoadOptions`).
       on_change: called with no argument after each poll that changed the table.
-      batch_observer: passed to every `Servable` (batching metrics).
     """
 
     def __init__(self, sources: Optional[List[ModelSource]] = None,
-                 config_file: Optional[str] = None, poll_seconds: float = 1.0,
-                 max_image_pixels: int = 0, batching: Optional[BatchingParameters] = None,
-                 warmup: Optional[Callable] = None, on_change: Optional[Callable] = None,
+                 config_file: Optional[str] = None, poll_seconds: float = 1.0, *,
                  config_poll_seconds: Optional[float] = None,
-                 max_load_retries: int = MAX_LOAD_RETRIES,
-                 batch_observer: Optional[Callable] = None):
+                 loading: Optional[LoadOptions] = None, on_change: Optional[Callable] = None):
         if bool(sources) == bool(config_file):
             raise ValueError("give either model sources or a model config file")
         self.config_file = config_file
         self.poll_seconds = poll_seconds
         self.config_poll_seconds = config_poll_seconds
-        self.max_load_retries = max_load_retries
-        self.batch_observer = batch_observer
+        self.loading = loading or LoadOptions()
         self._next_config_check = 0.0
-        self.max_image_pixels = max_image_pixels
-        self.batching = batching
-        self._warmup = warmup
         self._on_change = on_change
         self._lock = threading.RLock()
         self._poll_lock = threading.Lock()
@@ -476,7 +351,7 @@ class ModelManager:
             stamp = _mtime(os.path.join(path, "saved_model.pb"))
             failed = self._failed.get((name, version))
             if failed is not None and failed[0] == stamp and (
-                    failed[1] > self.max_load_retries or time.monotonic() < failed[2]):
+                    failed[1] > self.loading.max_load_retries or time.monotonic() < failed[2]):
                 continue  # failed and unchanged: retry a few times, spaced out, then stop
             servable = self._load(source, version, path, stamp)
             if servable is None:
@@ -511,10 +386,11 @@ class ModelManager:
         self._set_state(name, version, VersionStatus("LOADING"))
         started = time.monotonic()
         try:
-            servable = Servable(name, version, path, self.max_image_pixels, self.batching,
-                                batch_observer=self.batch_observer)
-            if self._warmup is not None:
-                servable.warmup(self._warmup)
+            loading = self.loading
+            servable = Servable(name, version, path, loading.max_image_pixels, loading.batching,
+                                batch_observer=loading.batch_observer)
+            if loading.warmup is not None:
+                servable.warmup(loading.warmup)
         except Exception as e:
             code = e.code if isinstance(e, ServingError) else grpc.StatusCode.UNKNOWN
             message = e.message if isinstance(e, ServingError) else f"{type(e).__name__}: {e}"

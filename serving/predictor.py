@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -34,20 +35,17 @@ SIGNATURE_DEF = "signature_def"
 Arrays = Dict[str, np.ndarray]
 
 
-class Predictor:
-    """Serves requests from the versions a `ModelManager` holds.
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for (0 or None: no limit, unless said otherwise).
 
-    Args:
-      manager: the model table.
+    Attributes:
       max_tensor_elements: request tensors whose shape has more elements are
         refused (INVALID_ARGUMENT) before anything is allocated; None: no limit.
-      metrics: a `ServingMetrics` that gets each model run's time, or None.
       max_images: most rows (dimension 0) of any input, and most strings
         (images) in all inputs together, of one request; 0: no limit.
       max_request_pixels: most decoded pixels (as image headers state them)
         of all images of one request together; 0: no limit.
-      budget: the server-wide decode-memory budget every run reserves its
-        estimated bytes from; None: no budget.
       max_decode_work: most decode work (pixel-passes, `serving/decode_work.py`)
         of one image; 0: no limit.
       decode_work_budget: pixel-passes that expensive requests in progress
@@ -56,25 +54,41 @@ class Predictor:
       decode_lanes: expensive requests that may run at once; None: one less
         than TensorFlow's inter-op threads (`work_admission.default_lanes`).
     """
+    max_tensor_elements: Optional[int] = None
+    max_images: int = 0
+    max_request_pixels: int = 0
+    max_decode_work: int = 0
+    decode_work_budget: Optional[int] = None
+    decode_lanes: Optional[int] = None
+
+
+class Predictor:
+    """Serves requests from the versions a `ModelManager` holds.
+
+    Args:
+      manager: the model table.
+      limits: what one request may ask for (`RequestLimits`).
+      metrics: a `ServingMetrics` that gets each model run's time, or None.
+      budget: the server-wide decode-memory budget every run reserves its
+        estimated bytes from; None: no budget.
+    """
 
     def __init__(self, manager: Optional[ModelManager] = None,
-                 max_tensor_elements: Optional[int] = None, metrics=None,
-                 max_images: int = 0, max_request_pixels: int = 0,
-                 budget: Optional[DecodeBudget] = None, max_decode_work: int = 0,
-                 decode_work_budget: Optional[int] = None,
-                 decode_lanes: Optional[int] = None):
+                 limits: Optional[RequestLimits] = None, metrics=None,
+                 budget: Optional[DecodeBudget] = None):
+        limits = limits or RequestLimits()
         self.manager = manager
-        self.max_tensor_elements = max_tensor_elements
+        self.max_tensor_elements = limits.max_tensor_elements
         self.metrics = metrics
-        self.max_images = max(max_images, 0)
-        self.max_request_pixels = max(max_request_pixels, 0)
+        self.max_images = max(limits.max_images, 0)
+        self.max_request_pixels = max(limits.max_request_pixels, 0)
         self.budget = budget if budget is not None else DecodeBudget(0)
-        self.max_decode_work = max(max_decode_work, 0)
-        work_budget = (2 * self.max_decode_work if decode_work_budget is None
-                       else max(decode_work_budget, 0))
+        self.max_decode_work = max(limits.max_decode_work, 0)
+        work_budget = (2 * self.max_decode_work if limits.decode_work_budget is None
+                       else max(limits.decode_work_budget, 0))
         self.work = WorkScheduler(
             work_budget, light_work=(self.max_decode_work or work_budget // 2) // LIGHT_FRACTION,
-            lanes=decode_lanes if work_budget else 1)
+            lanes=limits.decode_lanes if work_budget else 1)
 
     def resolve(self, spec: model_pb2.ModelSpec) -> Servable:
         """The servable a ModelSpec names (NOT_FOUND / INVALID_ARGUMENT)."""

@@ -31,261 +31,77 @@ tensorflow_model_server's included):
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
 import threading
-import time
 from concurrent import futures
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from tensorflow_serving.apis import (model_management_pb2, model_service_pb2,
-                                     model_service_pb2_grpc, prediction_service_pb2,
-                                     prediction_service_pb2_grpc)
+from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from serving import flags
 from serving.admission import DecodeBudget
-from serving.batching_parameters import BatchingParameters
-from serving.errors import ServingError, invalid_argument
-from serving.flags import DEFAULTS as _DEFAULTS
+from serving.errors import invalid_argument
 from serving.flags import build_parser  # noqa: F401  (the `captioner serve` parser)
 from serving.flags import batching_from_args as _batching_from_args  # noqa: F401
+from serving.grpc_services import (MODEL_SERVICE, PREDICTION_SERVICE, ModelServicer,
+                                   PredictionServicer)
 from serving.metrics import ServingMetrics
-from serving.model_manager import ModelManager, ModelSource, VersionPolicy, sources_from_config
-from serving.predictor import Predictor
-from serving.rest import RestServer
+from serving.model_manager import LoadOptions, ModelManager, ModelSource, sources_from_config
+from serving.predictor import Predictor, RequestLimits
+from serving.rest import RestOptions, RestServer
+from serving.server_options import ServerOptions, options_from_args
 from serving.ui_files import UiFiles
-from serving.work_admission import grpc_deadline, mark_pool
+from serving.work_admission import mark_pool
 
 log = logging.getLogger(__name__)
-
-PREDICTION_SERVICE = prediction_service_pb2.DESCRIPTOR.services_by_name[
-    "PredictionService"].full_name
-MODEL_SERVICE = model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name
-
-
-# Status details travel percent-encoded in the trailers, and gRPC clients
-# refuse trailers over 8 KiB (by default) with RESOURCE_EXHAUSTED instead of
-# the real status: details that echo a long request field are cut to fit.
-MAX_DETAILS_BYTES = 4096
-
-
-def _details(message: str) -> str:
-    """`message`, cut so that its percent-encoded form fits MAX_DETAILS_BYTES."""
-    size = 0
-    for i, char in enumerate(message):
-        if " " <= char <= "~" and char != "%":
-            size += 1
-        else:  # each UTF-8 byte becomes %XX
-            size += 3 * len(char.encode("utf-8", "surrogatepass"))
-        if size > MAX_DETAILS_BYTES - 64:  # room for the note
-            return f"{message[:i]}... ({len(message) - i} more characters)"
-    return message
-
-
-def _handle(context: grpc.ServicerContext, fn, request, metrics: Optional[ServingMetrics] = None,
-            api: str = ""):
-    """Runs one RPC; every failure becomes a status code, never a crash.
-
-    With `metrics`, the request is counted as TF Serving counts its
-    PredictionService calls (model name, status; latency when OK).
-    """
-    started = time.perf_counter()
-    code = grpc.StatusCode.OK
-    try:
-        return fn(request)
-    except ServingError as e:
-        code = e.code
-        context.abort(e.code, _details(e.message))
-    except Exception as e:
-        code = grpc.StatusCode.INTERNAL
-        log.exception("unexpected error")
-        context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(e).__name__}: {e}"))
-    finally:
-        if metrics is not None:
-            metrics.record_request(request.model_spec.name, code.name, api, "GRPC",
-                                   1e6 * (time.perf_counter() - started))
-
-
-def _unimplemented(what: str):
-    def fail(request):
-        raise ServingError(grpc.StatusCode.UNIMPLEMENTED, f"{what} is not supported by this "
-                                                          f"server")
-    return fail
-
-
-class _PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, predictor: Predictor, metrics: Optional[ServingMetrics]):
-        self.predictor = predictor
-        self.metrics = metrics
-
-    def Predict(self, request, context):
-        deadline = grpc_deadline(context)  # nothing starts once the client gave up
-        return _handle(context, lambda r: self.predictor.predict(r, deadline), request,
-                       self.metrics, "Predict")
-
-    def GetModelMetadata(self, request, context):
-        return _handle(context, self.predictor.metadata, request)
-
-    def Classify(self, request, context):
-        return _handle(context, _unimplemented("Classify"), request, self.metrics, "Classify")
-
-    def Regress(self, request, context):
-        return _handle(context, _unimplemented("Regress"), request, self.metrics, "Regress")
-
-    def MultiInference(self, request, context):
-        _handle(context, _unimplemented("MultiInference"), request)
-
-
-class _ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, server: "ModelServer"):
-        self.server = server
-
-    def GetModelStatus(self, request, context):
-        return _handle(context, self.server.predictor.model_status, request)
-
-    def HandleReloadConfigRequest(self, request, context):
-        response = model_management_pb2.ReloadConfigResponse()
-        try:
-            self.server.reload_config(request.config)
-        except ServingError as e:
-            response.status.error_code = e.code.value[0]
-            response.status.error_message = e.message
-            context.set_code(e.code)
-            context.set_details(_details(e.message))
-            return response
-        except Exception as e:
-            log.exception("config reload failed")
-            context.abort(grpc.StatusCode.INTERNAL, _details(f"{type(e).__name__}: {e}"))
-        return response
 
 
 class ModelServer:
     """The server, usable in-process (tests, benchmarks) or from `main`.
 
-    Give either `model_base_path` (+ `model_name`, `version_policy`) or
-    `model_config_file`.
+    Give either `model_base_path` (+ `model_name`) or the options'
+    `model_config_file`. Settings come as `options` (a `ServerOptions`),
+    as keyword arguments naming its fields, or both (the keywords win):
+    `ModelServer(base, port=0, rest_port=0)`.
 
     Args:
       model_base_path: folder holding integer version folders.
       model_name: the name requests use for that model.
-      model_config_file: a `models.config` (ModelServerConfig text format).
-      host: address to bind both ports to (default loopback only).
-      port: gRPC port; 0 picks a free one (see `grpc_port`).
-      rest_port: REST port; 0 picks a free one; None or negative: no REST.
-      poll_seconds: seconds between file-system polls; <= 0 polls once.
-      version_policy: `latest:N`, `all`, `specific:1,2` or a VersionPolicy.
-      batching: BatchingParameters to batch concurrent requests, or None.
-      ssl_cert, ssl_key: PEM files; when both are given, gRPC and REST use TLS.
-      max_request_bytes: gRPC messages (RESOURCE_EXHAUSTED) and REST bodies
-        (413) larger than this are refused.
-      max_image_pixels: images whose header claims more pixels are refused
-        (INVALID_ARGUMENT) before decoding; 0 disables the check.
-      max_images_per_request: most images (string elements) and rows in one
-        request, checked from the shapes before anything is materialized;
-        0: no limit.
-      max_request_pixels: most decoded pixels of all images of one request;
-        0: no limit.
-      decode_memory_budget_mb: MiB that requests in progress may need
-        together (estimated before decoding, `serving/admission.py`); a
-        request that does not fit gets RESOURCE_EXHAUSTED (REST 429); 0: no
-        budget.
-      max_decode_work: most decode work (pixel-passes) of one image
-        (`serving/decode_work.py`); 0: no limit.
-      decode_work_budget: pixel-passes that expensive requests in progress
-        may hold together (`serving/work_admission.py`); None: twice
-        `max_decode_work`; 0: no CPU admission.
-      decode_lanes: expensive requests decoding at once; None: TensorFlow's
-        inter-op threads less one.
-      max_threads: gRPC worker threads (concurrent requests in progress).
-      config_poll_seconds: seconds between re-reads of `model_config_file`;
-        <= 0: read once; None: at every file-system poll.
-      rest_threads: REST requests handled at once (None: 4 per CPU).
-      metrics_path: when set, TF Serving's Prometheus metrics are served at
-        this path of the REST port.
-      warmup: replay each version's warmup records before serving it.
-      allow_version_labels_for_unavailable_models: TF Serving's flag of that
-        name, for HandleReloadConfigRequest.
-      max_load_retries: load attempts after a version's first failure.
-      ssl_config: a TF Serving `SSLConfig` (serving/config_protos.py): TLS
-        on the gRPC port from PEM text, client certificates checked against
-        `custom_ca` when `client_verify`; REST stays plain, as in TF Serving.
-      health_service: register `grpc.health.v1.Health`.
-      ui: serve the attention explorer page at `/ui/` on the REST port
-        (`serving/ui_files.py`).
+      options: every other setting (`serving/server_options.py`).
+      **settings: fields of `ServerOptions`, replacing those of `options`.
+    Raises:
+      ValueError: conflicting settings (see `ServerOptions.checked`).
+      TypeError: a keyword that is not a field of `ServerOptions`.
     """
 
     def __init__(self, model_base_path: Optional[str] = None, model_name: str = "captioner", *,
-                 model_config_file: Optional[str] = None, host: str = _DEFAULTS.host,
-                 port: int = _DEFAULTS.port, rest_port: Optional[int] = _DEFAULTS.rest_port,
-                 poll_seconds: float = _DEFAULTS.poll_seconds,
-                 version_policy: Union[str, VersionPolicy] = "latest:1",
-                 batching: Optional[BatchingParameters] = None,
-                 ssl_cert: Optional[str] = None, ssl_key: Optional[str] = None,
-                 max_request_bytes: int = _DEFAULTS.max_request_bytes,
-                 max_image_pixels: int = _DEFAULTS.max_image_pixels,
-                 max_images_per_request: int = _DEFAULTS.max_images_per_request,
-                 max_request_pixels: int = _DEFAULTS.max_request_pixels,
-                 decode_memory_budget_mb: int = _DEFAULTS.decode_memory_budget_mb,
-                 max_decode_work: int = _DEFAULTS.max_decode_work,
-                 decode_work_budget: Optional[int] = None, decode_lanes: Optional[int] = None,
-                 max_threads: int = _DEFAULTS.max_threads,
-                 config_poll_seconds: Optional[float] = None, rest_threads: Optional[int] = None,
-                 metrics_path: Optional[str] = None, warmup: bool = True,
-                 allow_version_labels_for_unavailable_models: bool = False,
-                 max_load_retries: int = _DEFAULTS.max_load_retries, ssl_config=None,
-                 health_service: bool = True, ui: bool = False):
-        if bool(model_base_path) == bool(model_config_file):
-            raise ValueError("give exactly one of model_base_path and model_config_file")
-        if bool(ssl_cert) != bool(ssl_key):
-            raise ValueError("TLS needs both ssl_cert and ssl_key")
-        if ssl_config is not None and ssl_cert:
-            raise ValueError("give either ssl_cert/ssl_key or ssl_config")
-        if ssl_config is not None and not (ssl_config.server_key and ssl_config.server_cert):
-            raise ValueError("ssl_config needs server_key and server_cert")
-        if isinstance(version_policy, str):
-            version_policy = VersionPolicy.parse(version_policy)
+                 options: Optional[ServerOptions] = None, **settings):
+        options = dataclasses.replace(options or ServerOptions(), **settings)
+        self.options = options.checked(model_base_path)
         self.model_base_path = model_base_path
         self.model_name = model_name
-        self.model_config_file = model_config_file
-        self.host = host
-        self.requested_port = port
-        self.requested_rest_port = rest_port
-        self.poll_seconds = poll_seconds
-        self.version_policy = version_policy
-        self.batching = batching
-        self.ssl_cert = ssl_cert
-        self.ssl_key = ssl_key
-        self.max_request_bytes = max_request_bytes
-        self.max_image_pixels = max_image_pixels
-        self.max_images_per_request = max_images_per_request
-        self.max_request_pixels = max_request_pixels
-        self.budget = DecodeBudget(decode_memory_budget_mb << 20
-                                   if decode_memory_budget_mb > 0 else 0)
-        self.max_threads = max_threads
-        self.config_poll_seconds = config_poll_seconds
-        self.rest_threads = rest_threads
-        self.metrics_path = metrics_path
-        self.warmup = warmup
-        self.allow_version_labels_for_unavailable_models = \
-            allow_version_labels_for_unavailable_models
-        self.max_load_retries = max_load_retries
-        self.ssl_config = ssl_config
-        self.health_service = health_service
-        self.ui = ui
-        self.metrics = ServingMetrics(batching=batching is not None)
+        self.host = options.host
+        self.metrics_path = options.metrics_path
+        self.ui = options.ui
+        budget_mb = options.decode_memory_budget_mb
+        self.budget = DecodeBudget(budget_mb << 20 if budget_mb > 0 else 0)
+        self.metrics = ServingMetrics(batching=options.batching is not None)
         # Every tensor element a request spells out costs at least one byte,
         # so only TF's padding rule (a few values, any shape) gives more
         # elements than max_request_bytes: bound what it can make us allocate.
-        self.predictor = Predictor(
-            max_tensor_elements=max_request_bytes if max_request_bytes > 0 else None,
-            metrics=self.metrics, max_images=max_images_per_request,
-            max_request_pixels=max_request_pixels, budget=self.budget,
-            max_decode_work=max_decode_work, decode_work_budget=decode_work_budget,
-            decode_lanes=decode_lanes)
+        max_bytes = options.max_request_bytes
+        self.predictor = Predictor(metrics=self.metrics, budget=self.budget, limits=RequestLimits(
+            max_tensor_elements=max_bytes if max_bytes > 0 else None,
+            max_images=options.max_images_per_request,
+            max_request_pixels=options.max_request_pixels,
+            max_decode_work=options.max_decode_work,
+            decode_work_budget=options.decode_work_budget, decode_lanes=options.decode_lanes))
         self.manager: Optional[ModelManager] = None
         self.health = health.HealthServicer()
         self.grpc_port: Optional[int] = None
@@ -309,7 +125,7 @@ class ModelServer:
     @property
     def tls(self) -> bool:
         """Whether the gRPC port uses TLS (the REST port too with ssl_cert/ssl_key)."""
-        return bool(self.ssl_cert) or self.ssl_config is not None
+        return bool(self.options.ssl_cert) or self.options.ssl_config is not None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -322,29 +138,26 @@ class ModelServer:
         """
         if self._started:
             return self
+        options = self.options
         sources = None
         if self.model_base_path:
-            sources = [ModelSource(self.model_name, self.model_base_path, self.version_policy)]
+            sources = [ModelSource(self.model_name, self.model_base_path,
+                                   options.version_policy)]
+        loading = LoadOptions(
+            max_image_pixels=options.max_image_pixels, batching=options.batching,
+            warmup=self.predictor.predict_on if options.warmup else None,
+            batch_observer=self.metrics.record_batch if options.batching else None,
+            max_load_retries=options.max_load_retries)
         self.manager = ModelManager(
-            sources=sources, config_file=self.model_config_file,
-            poll_seconds=self.poll_seconds, max_image_pixels=self.max_image_pixels,
-            batching=self.batching, warmup=self.predictor.predict_on if self.warmup else None,
-            on_change=self._update_health, config_poll_seconds=self.config_poll_seconds,
-            max_load_retries=self.max_load_retries,
-            batch_observer=self.metrics.record_batch if self.batching else None)
+            sources=sources, config_file=options.model_config_file,
+            poll_seconds=options.poll_seconds, config_poll_seconds=options.config_poll_seconds,
+            loading=loading, on_change=self._update_health)
         self.predictor.manager = self.manager
         self.manager.start()
         try:
             self._start_grpc()
-            if self.requested_rest_port is not None and self.requested_rest_port >= 0:
-                self._rest = RestServer(
-                    self.predictor, self.host, self.requested_rest_port,
-                    self.max_request_bytes, ssl_cert=self.ssl_cert, ssl_key=self.ssl_key,
-                    num_threads=self.rest_threads,
-                    metrics=self.metrics if self.metrics_path else None,
-                    metrics_path=self.metrics_path,
-                    ui=UiFiles(lambda: self.manager) if self.ui else None).start()
-                self.rest_port = self._rest.port
+            if options.rest_port is not None and options.rest_port >= 0:
+                self._start_rest()
         except BaseException:
             self.stop(grace=0)
             raise
@@ -353,39 +166,38 @@ class ModelServer:
         log.info("%s", self.describe())
         return self
 
+    def _start_rest(self) -> None:
+        options = self.options
+        rest_options = RestOptions(
+            max_request_bytes=options.max_request_bytes, ssl_cert=options.ssl_cert,
+            ssl_key=options.ssl_key, num_threads=options.rest_threads,
+            metrics_path=self.metrics_path)
+        self._rest = RestServer(
+            self.predictor, options.host, options.rest_port, rest_options,
+            metrics=self.metrics if self.metrics_path else None,
+            ui=UiFiles(lambda: self.manager) if self.ui else None).start()
+        self.rest_port = self._rest.port
+
     def _start_grpc(self) -> None:
-        options = [("grpc.max_receive_message_length", self.max_request_bytes),
-                   ("grpc.max_send_message_length", -1),
-                   ("grpc.so_reuseport", 0)]
+        options = self.options
+        grpc_options = [("grpc.max_receive_message_length", options.max_request_bytes),
+                        ("grpc.max_send_message_length", -1),
+                        ("grpc.so_reuseport", 0)]
         server = grpc.server(futures.ThreadPoolExecutor(
-            max_workers=self.max_threads, thread_name_prefix="grpc", initializer=mark_pool,
-            initargs=("grpc", self.max_threads)), options=options)
+            max_workers=options.max_threads, thread_name_prefix="grpc", initializer=mark_pool,
+            initargs=("grpc", options.max_threads)), options=grpc_options)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            _PredictionServicer(self.predictor, self.metrics), server)
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelServicer(self), server)
+            PredictionServicer(self.predictor, self.metrics), server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self), server)
         services = [PREDICTION_SERVICE, MODEL_SERVICE, reflection.SERVICE_NAME]
-        if self.health_service:
+        if options.health_service:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             services.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection(services, server)
-        address = _join(self.host, self.requested_port)
+        address = _join(self.host, options.port)
         try:
-            if self.ssl_config is not None:
-                config = self.ssl_config
-                credentials = grpc.ssl_server_credentials(
-                    [(config.server_key.encode(), config.server_cert.encode())],
-                    root_certificates=config.custom_ca.encode() or None,
-                    require_client_auth=config.client_verify)
-                port = server.add_secure_port(address, credentials)
-            elif self.tls:
-                with open(self.ssl_key, "rb") as f:
-                    key = f.read()
-                with open(self.ssl_cert, "rb") as f:
-                    cert = f.read()
-                port = server.add_secure_port(address,
-                                              grpc.ssl_server_credentials([(key, cert)]))
-            else:
-                port = server.add_insecure_port(address)
+            port = server.add_secure_port(address, self._credentials()) if self.tls \
+                else server.add_insecure_port(address)
         except RuntimeError as e:
             raise OSError(f"cannot bind the gRPC port {address}: {e}") from None
         if not port:
@@ -393,6 +205,20 @@ class ModelServer:
         server.start()
         self._grpc = server
         self.grpc_port = port
+
+    def _credentials(self) -> grpc.ServerCredentials:
+        """The gRPC port's TLS credentials, from `ssl_config` or the PEM files."""
+        config = self.options.ssl_config
+        if config is not None:
+            return grpc.ssl_server_credentials(
+                [(config.server_key.encode(), config.server_cert.encode())],
+                root_certificates=config.custom_ca.encode() or None,
+                require_client_auth=config.client_verify)
+        with open(self.options.ssl_key, "rb") as f:
+            key = f.read()
+        with open(self.options.ssl_cert, "rb") as f:
+            cert = f.read()
+        return grpc.ssl_server_credentials([(key, cert)])
 
     def reload_config(self, config) -> None:
         """HandleReloadConfigRequest: serves the models of a `ModelServerConfig`.
@@ -410,7 +236,7 @@ class ModelServer:
             sources = sources_from_config(config, "ReloadConfigRequest")
         except ValueError as e:
             raise invalid_argument(str(e)) from None
-        self.manager.reload(sources, self.allow_version_labels_for_unavailable_models)
+        self.manager.reload(sources, self.options.allow_version_labels_for_unavailable_models)
 
     def stop(self, grace: Optional[float] = 5.0) -> None:
         """Stops taking requests, lets in-flight ones finish (up to `grace` s), unloads."""
@@ -480,6 +306,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _check_args(parser, args)
+    try:
+        options = options_from_args(args)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    # Before any model loads: a missing folder or a taken port ends the start
+    # here; a folder without versions is named (the server still starts).
+    if not _startup_checks_pass(args):
+        return 1
+    _set_tf_threads(args.intra_op, args.inter_op)
+    try:
+        server = ModelServer(args.model_base_path, args.model_name, options=options)
+    except ValueError as e:
+        parser.error(str(e))
+    return _serve_until_signal(server)
+
+
+def _check_args(parser, args) -> None:
+    """Argument combinations argparse cannot check (exits with status 2)."""
     if not (args.model_base_path or args.model_config_file):
         parser.error("give --model-base-path (--model_base_path) or --model-config-file "
                      "(--model_config_file)")
@@ -491,25 +336,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--ssl-cert and --ssl-key go together")
     if args.ssl_config_file and args.ssl_cert:
         parser.error("give either --ssl_config_file or --ssl-cert/--ssl-key")
-    try:
-        policy = VersionPolicy.parse(args.model_version_policy)
-        batching = _batching_from_args(args)
-        metrics_path = None
-        if args.monitoring_config_file:
-            from serving.metrics import read_monitoring_config
-            enabled, path = read_monitoring_config(args.monitoring_config_file)
-            metrics_path = path if enabled else None
-            if enabled and args.rest_port < 0:
-                raise ValueError("--monitoring_config_file serves metrics on the REST port: "
-                                 "set --rest_api_port")
-        ssl_config = None
-        if args.ssl_config_file:
-            from serving.config_protos import SSLConfig, parse_text_file
-            ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
-    except (ValueError, OSError) as e:
-        parser.error(str(e))
-    # Before any model loads: a missing folder or a taken port ends the start
-    # here; a folder without versions is named (the server still starts).
+
+
+def _startup_checks_pass(args) -> bool:
+    """The model path and the ports; False (after saying why) when the start must end."""
     from serving import startup_checks
     try:
         if args.model_base_path:
@@ -521,32 +351,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             startup_checks.check_port_free(args.host, args.rest_port, "REST", "--rest-port")
     except startup_checks.StartupError as e:
         print(f"captioner serve: {e}", file=sys.stderr)
-        return 1
-    if args.intra_op or args.inter_op:
+        return False
+    return True
+
+
+def _set_tf_threads(intra_op: int, inter_op: int) -> None:
+    """TensorFlow's thread pools, when the flags set them (0: TensorFlow's choice)."""
+    if intra_op or inter_op:
         import tensorflow as tf
-        if args.intra_op:
-            tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
-        if args.inter_op:
-            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
-    try:
-        server = ModelServer(
-            args.model_base_path, args.model_name, model_config_file=args.model_config_file,
-            host=args.host, port=args.port,
-            rest_port=args.rest_port if args.rest_port >= 0 else None,
-            poll_seconds=args.poll_seconds, version_policy=policy, batching=batching,
-            ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
-            max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels,
-            max_images_per_request=args.max_images_per_request,
-            max_request_pixels=args.max_request_pixels,
-            decode_memory_budget_mb=args.decode_memory_budget_mb,
-            max_decode_work=args.max_decode_work, decode_work_budget=args.decode_work_budget,
-            max_threads=args.max_threads, config_poll_seconds=args.config_poll_seconds,
-            rest_threads=args.rest_threads or None, metrics_path=metrics_path,
-            warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,
-            max_load_retries=args.max_load_retries, ssl_config=ssl_config,
-            health_service=args.health, ui=args.ui)
-    except ValueError as e:
-        parser.error(str(e))
+        if intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
+def _serve_until_signal(server: ModelServer) -> int:
+    """Starts `server`, prints its banner, serves until SIGTERM or SIGINT; the exit status."""
     stop = threading.Event()
 
     def on_signal(signum, frame):

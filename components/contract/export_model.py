@@ -40,7 +40,7 @@ def export(path: str, model_uri: str, encoder_uri: str, vocabulary_uri: str, dec
     import keras
     import models.encoder  # noqa: F401  (registers the custom layers)
     import models.show_attend_tell  # noqa: F401
-    from serving.export import export_saved_model
+    from serving.export import Decoding, export_saved_model
     from serving.infra_validator import validate
     step = progress or (lambda name: None)
     step("load")
@@ -48,8 +48,8 @@ def export(path: str, model_uri: str, encoder_uri: str, vocabulary_uri: str, dec
     encoder = keras.saving.load_model(os.path.join(encoder_uri, schema.ENCODER_FILE))
     vocabulary = schema.read_vocabulary(vocabulary_uri)
     step("export SavedModel")
-    export_saved_model(path, encoder, decoder, vocabulary, **decoding, model_name=model_name,
-                       num_warmup_requests=num_warmup_requests)
+    export_saved_model(path, encoder, decoder, vocabulary, Decoding(**decoding),
+                       model_name=model_name, num_warmup_requests=num_warmup_requests)
     report = None
     if validate_infra:
         step("infra validation")

@@ -10,7 +10,7 @@ from PIL import Image
 
 from models.decoding import beam_search
 from models.image_ops import decode_batch
-from serving.export import SIGNATURES, WARMUP_FILE, export_saved_model
+from serving.export import SIGNATURES, WARMUP_FILE, Decoding, export_saved_model
 from tests.models.tiny import make_model
 
 IMAGE_SIZE = 16
@@ -29,7 +29,7 @@ def exported(tmp_path_factory):
     encoder = _tiny_encoder()
     decoder = make_model()
     path = str(tmp_path_factory.mktemp("export") / "1")
-    export_saved_model(path, encoder, decoder, VOCAB, beam_size=2, max_length=7,
+    export_saved_model(path, encoder, decoder, VOCAB, Decoding(beam_size=2, max_length=7),
                        num_warmup_requests=2)
     return path, encoder, decoder
 

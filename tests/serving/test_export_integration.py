@@ -14,7 +14,7 @@ from tests.serving.fixtures import solid_image
 def exported(tmp_path_factory):
     """A tiny exported captioner (random weights) as version 1."""
     import keras
-    from serving.export import export_saved_model
+    from serving.export import Decoding, export_saved_model
     from tests.models.tiny import VOCAB, make_model
 
     inputs = keras.Input((16, 16, 3))
@@ -22,8 +22,8 @@ def exported(tmp_path_factory):
     encoder = keras.Model(inputs, grid)
     vocabulary = ["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
     base = tmp_path_factory.mktemp("exported") / "captioner"
-    export_saved_model(str(base / "1"), encoder, make_model(), vocabulary, beam_size=2,
-                       max_length=6)
+    export_saved_model(str(base / "1"), encoder, make_model(), vocabulary,
+                       Decoding(beam_size=2, max_length=6))
     return str(base)
 
 

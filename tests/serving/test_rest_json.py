@@ -1,4 +1,4 @@
-"""REST JSON -> arrays: the C-speed path for numbers gives exactly what the walk gives."""
+"""serving/rest_json.py: the C-speed path for numbers gives exactly what the walk gives."""
 from __future__ import annotations
 
 import json
@@ -9,21 +9,21 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving import rest
+from serving import rest_json
 from serving.errors import ServingError
 
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.int32, tf.int64, tf.int8, tf.uint8]
 
 
 def _convert(value, dtype, fast: bool):
-    old = rest._FAST_NUMBERS
-    rest._FAST_NUMBERS = fast
+    old = rest_json._FAST_NUMBERS
+    rest_json._FAST_NUMBERS = fast
     try:
-        return rest._json_tensor(value, dtype)
+        return rest_json._json_tensor(value, dtype)
     except ServingError as e:
         return e.code, e.message
     finally:
-        rest._FAST_NUMBERS = old
+        rest_json._FAST_NUMBERS = old
 
 
 def _same(a, b) -> bool:
@@ -69,9 +69,9 @@ def test_dense_grids_equal_the_walk(rows, cols, dtype, kind):
 
 def test_fast_path_is_taken_for_plain_numbers(monkeypatch):
     walked = []
-    original = rest._leaf
-    monkeypatch.setattr(rest, "_leaf", lambda v, d: walked.append(v) or original(v, d))
-    array = rest._json_tensor([[[0, 0, 0.5]] * 4] * 2, tf.float32)
+    original = rest_json._leaf
+    monkeypatch.setattr(rest_json, "_leaf", lambda v, d: walked.append(v) or original(v, d))
+    array = rest_json._json_tensor([[[0, 0, 0.5]] * 4] * 2, tf.float32)
     assert array.shape == (2, 4, 3) and array.dtype == np.float32 and not walked
     with pytest.raises(ServingError, match="Type: bool"):
-        rest._json_tensor([[1.0, True]], tf.float32)
+        rest_json._json_tensor([[1.0, True]], tf.float32)
