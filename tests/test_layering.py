@@ -3,7 +3,10 @@
 models <- components <- pipeline (the runner and the CLI on top), and
 serving uses models only: a component may import models and serving, serving
 imports neither pipeline nor components, models imports none of the three.
-Stage modules never import each other (they meet through artifacts).
+Stage modules never import each other (they meet through artifacts), the
+contract they share (`components/contract/`) and the synthetic data
+(`components/synthetic/`) import no stage, and no two modules anywhere in the
+project import each other, directly or through others.
 """
 import os
 
@@ -65,3 +68,90 @@ def test_the_checks_see_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from pipeline.config import load_config\n")
     assert "pipeline.config" in imports.imported_names(str(path), "models.m")
+
+
+# Shared packages of `components`: every stage may import them, they import no stage.
+SHARED = ("components.contract", "components.synthetic")
+
+
+@pytest.mark.parametrize("shared", SHARED)
+def test_shared_packages_import_no_stage(shared):
+    stage_modules = [spec.module for spec in dag.STAGES]
+    bad = [f"{shared} reaches {module}" for module in imports.import_closure(shared)
+           if _owner(module, stage_modules) is not None]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_components_holds_only_stages_and_shared_packages():
+    stage_modules = {spec.module for spec in dag.STAGES}
+    loose = [module for module, _ in _modules("components")
+             if module != "components" and _owner(module, stage_modules) is None
+             and not module.startswith(SHARED)]
+    assert not loose, "modules of components/ outside a stage and the shared packages: " + \
+        ", ".join(loose)
+
+
+PROJECT = ("benchmarks", "components", "models", "pipeline", "serving", "tests")
+
+
+def import_graph(packages=PROJECT, root=imports.PACKAGE_ROOT):
+    """Module -> the project modules it imports (names that are not modules dropped)."""
+    files = {}
+    for package in packages:
+        top = os.path.join(root, package)
+        for dirpath, dirnames, names in os.walk(top):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    module = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                    files[module.removesuffix(".__init__")] = path
+    return {module: sorted(name for name in imports.imported_names(path, module, packages)
+                           if name in files and name != module)
+            for module, path in files.items()}
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules (first == last), or None."""
+    done, path, on_path = set(), [], set()
+
+    def visit(node):
+        path.append(node)
+        on_path.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt in on_path:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in done:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        on_path.discard(path.pop())
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if start not in done:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_no_import_cycle_between_modules():
+    # A package importing its own submodules (a re-export in `__init__`) is no cycle.
+    graph = {module: [name for name in names if not name.startswith(module + ".")]
+             for module, names in import_graph().items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    package = tmp_path / "components"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from components import b\n")
+    (package / "b.py").write_text("from components.a import f\n")
+    (package / "c.py").write_text("import components.a\n")
+    graph = import_graph(("components",), root=str(tmp_path))
+    assert find_cycle(graph) == ["components.a", "components.b", "components.a"]
+    assert find_cycle({"x": ["y"], "y": []}) is None
