@@ -67,9 +67,8 @@
   }
 
   function showError(line) {
-    const error = $("error");
-    error.textContent = line;
-    error.hidden = false;
+    $("error").textContent = line;
+    $("error").hidden = false;
     setState("error");
   }
 
@@ -131,12 +130,11 @@
   // The serving_default input taking the image bytes (a DT_STRING input).
   function imageInput(metadata) {
     try {
-      const defs = metadata.metadata.signature_def.signature_def;
-      const inputs = defs.serving_default.inputs;
+      const inputs = metadata.metadata.signature_def.signature_def.serving_default.inputs;
       const names = Object.keys(inputs);
       return names.find((n) => inputs[n].dtype === "DT_STRING") || names[0] || null;
     } catch (e) {
-      return null;
+      return null;  // the page then sends {"b64": ...} alone, as for a one-input signature
     }
   }
 
@@ -246,9 +244,7 @@
 
   function imageData(image, side) {
     const [w, h] = fitted(image.width, image.height, side);
-    const canvas = document.createElement("canvas");
-    canvas.width = w;
-    canvas.height = h;
+    const canvas = Object.assign(document.createElement("canvas"), { width: w, height: h });
     const ctx = canvas.getContext("2d");
     ctx.imageSmoothingQuality = "high";
     ctx.drawImage(image, 0, 0, w, h);
@@ -358,13 +354,9 @@
     canvas.height = base.height;
     const ctx = canvas.getContext("2d");
     const result = state.result;
-    if (word === 0 || !result.attention) {
-      ctx.putImageData(base, 0, 0);
-      return;
-    }
-    const step = result.steps[word - 1];
-    if (!result.attention[step]) {
-      ctx.putImageData(base, 0, 0);
+    const step = word > 0 ? result.steps[word - 1] : -1;
+    if (step < 0 || !result.attention || !result.attention[step]) {
+      ctx.putImageData(base, 0, 0);  // the image alone
       return;
     }
     ctx.putImageData(lit(base, alphaFor(step, base.width, base.height)), 0, 0);

@@ -156,10 +156,60 @@ def screenshot_pixel(element, x: int, y: int, drawn) -> np.ndarray:
     return np.asarray(shot, np.float64)[sy, sx]
 
 
-def test_caption_overlay_keyboard_grid_phone_and_errors(browser, served, tmp_path):
+def check_hover_overlay(browser, chips, image: bytes, expected: dict, shots: str) -> None:
+    """Hovering the second word draws its map as the figures do, on the canvas and on screen."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
+
+    attention = np.asarray(expected["attention"], np.float32)
+    x, y, lit, drawn = expected_overlay(image, attention, step=1)
+    view = browser.find_element(By.ID, "view")
+    before_canvas = canvas_pixel(browser, x, y)
+    before_shot = screenshot_pixel(view, x, y, drawn)
+    ActionChains(browser).move_to_element(chips[1]).perform()
+    assert chips[1].get_attribute("aria-pressed") == "true"
+    after_canvas = canvas_pixel(browser, x, y)
+    after_shot = screenshot_pixel(view, x, y, drawn)
+    browser.save_screenshot(os.path.join(shots, "ui_word.png"))
+    # The canvas holds exactly the figures' drawing at the maximum, and the
+    # screen shows it: those pixels changed.
+    assert np.abs(after_canvas - lit).max() <= 3, (after_canvas, lit, before_canvas)
+    assert np.abs(after_canvas - before_canvas).max() >= 20, (before_canvas, after_canvas)
+    assert np.abs(after_shot - after_canvas).max() <= 12, (after_shot, after_canvas)
+    assert np.abs(after_shot - before_shot).max() >= 20, (before_shot, after_shot)
+
+
+def check_keys_grid_and_phone(browser, chips, shots: str) -> None:
+    """Arrow keys on the chips and the slider, the all-words grid, phone width."""
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+
+    # Keyboard: from the second word, the right arrow moves to the third.
+    chips[1].send_keys(Keys.ARROW_RIGHT)
+    third = browser.find_element(By.CSS_SELECTOR, '#words .chip[data-word="3"]')
+    assert third.get_attribute("aria-pressed") == "true"
+    assert browser.switch_to.active_element == third
+    slider = browser.find_element(By.ID, "step")
+    slider.send_keys(Keys.ARROW_LEFT)
+    assert browser.find_element(By.ID, "step-word").text == chips[1].text
+
+    browser.set_window_size(1100, 1300)  # tall enough for the grid
+    browser.find_element(By.ID, "grid-toggle").click()
+    panels = browser.find_elements(By.CSS_SELECTOR, "#grid button canvas")
+    assert len(panels) == len(chips) + 1
+    browser.save_screenshot(os.path.join(shots, "ui_grid.png"))
+
+    browser.set_window_size(390, 844)  # a phone
+    width = browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width} px wide at phone width"
+    browser.find_element(By.ID, "grid-toggle").click()
+    browser.execute_script("document.getElementById('input').scrollIntoView()")
+    browser.save_screenshot(os.path.join(shots, "ui_phone.png"))
+    browser.set_window_size(1100, 900)
+
+
+def test_caption_overlay_keyboard_grid_phone_and_errors(browser, served, tmp_path):
+    from selenium.webdriver.common.by import By
 
     server, image, shots = served
     expected = rest_predict(server, image)
@@ -184,45 +234,8 @@ def test_caption_overlay_keyboard_grid_phone_and_errors(browser, served, tmp_pat
     assert [c.text for c in chips] == expected["caption"].split()
     assert "Caption in" in browser.find_element(By.ID, "timing").text
 
-    attention = np.asarray(expected["attention"], np.float32)
-    x, y, lit, drawn = expected_overlay(image, attention, step=1)
-    view = browser.find_element(By.ID, "view")
-    before_canvas = canvas_pixel(browser, x, y)
-    before_shot = screenshot_pixel(view, x, y, drawn)
-    ActionChains(browser).move_to_element(chips[1]).perform()
-    assert chips[1].get_attribute("aria-pressed") == "true"
-    after_canvas = canvas_pixel(browser, x, y)
-    after_shot = screenshot_pixel(view, x, y, drawn)
-    browser.save_screenshot(os.path.join(shots, "ui_word.png"))
-    # The canvas holds exactly the figures' drawing at the maximum, and the
-    # screen shows it: those pixels changed.
-    assert np.abs(after_canvas - lit).max() <= 3, (after_canvas, lit, before_canvas)
-    assert np.abs(after_canvas - before_canvas).max() >= 20, (before_canvas, after_canvas)
-    assert np.abs(after_shot - after_canvas).max() <= 12, (after_shot, after_canvas)
-    assert np.abs(after_shot - before_shot).max() >= 20, (before_shot, after_shot)
-
-    # Keyboard: from the second word, the right arrow moves to the third.
-    chips[1].send_keys(Keys.ARROW_RIGHT)
-    third = browser.find_element(By.CSS_SELECTOR, '#words .chip[data-word="3"]')
-    assert third.get_attribute("aria-pressed") == "true"
-    assert browser.switch_to.active_element == third
-    slider = browser.find_element(By.ID, "step")
-    slider.send_keys(Keys.ARROW_LEFT)
-    assert browser.find_element(By.ID, "step-word").text == chips[1].text
-
-    browser.set_window_size(1100, 1300)  # tall enough for the grid
-    browser.find_element(By.ID, "grid-toggle").click()
-    panels = browser.find_elements(By.CSS_SELECTOR, "#grid button canvas")
-    assert len(panels) == len(chips) + 1
-    browser.save_screenshot(os.path.join(shots, "ui_grid.png"))
-
-    browser.set_window_size(390, 844)  # a phone
-    width = browser.execute_script("return document.documentElement.scrollWidth")
-    assert width <= 390, f"the page is {width} px wide at phone width"
-    browser.find_element(By.ID, "grid-toggle").click()
-    browser.execute_script("document.getElementById('input').scrollIntoView()")
-    browser.save_screenshot(os.path.join(shots, "ui_phone.png"))
-    browser.set_window_size(1100, 900)
+    check_hover_overlay(browser, chips, image, expected, shots)
+    check_keys_grid_and_phone(browser, chips, shots)
 
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"this is not an image")
