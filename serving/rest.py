@@ -114,8 +114,11 @@ class RestServer:
         app = _RestApp(predictor, options.max_request_bytes, self._executor, metrics,
                        options.metrics_path)
         app.ui = ui  # `captioner serve --ui`: the page at /ui/ (serving/ui_files.py)
+        # proxy_headers off: nothing here reads the client address, so no
+        # per-request middleware rewrites it from X-Forwarded-For.
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, access_log=False, ws="none",
+            proxy_headers=False,
             http=StrictH11Protocol, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             timeout_keep_alive=IDLE_SECONDS, timeout_graceful_shutdown=5,
             server_header=False, ssl_certfile=options.ssl_cert, ssl_keyfile=options.ssl_key,
