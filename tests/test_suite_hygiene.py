@@ -5,7 +5,8 @@ A test must be able to fail. Flagged:
 - an `assert` that holds whatever the code does: a constant (`assert True`,
   `assert "text"`), a non-empty literal (`assert (x, "message")`), a value
   compared with itself (`assert x == x`), membership in both booleans
-  (`assert x in (True, False)`), `x or not x`;
+  (`assert x in (True, False)`), `x or not x`, a project file that does not
+  exist asserted absent (`assert "pkg/gone.py" not in closure`);
 - a test function that checks nothing: no `assert`, no `pytest.raises`,
   `pytest.warns` or `pytest.fail`, no `raise` (of its own: a fake it defines
   does not count), and no call to a checking
@@ -73,7 +74,14 @@ def _both_booleans(node: ast.AST) -> bool:
     return False
 
 
-def tautology(test: ast.expr) -> Optional[str]:
+def _missing_path(node: ast.AST, repo: str) -> bool:
+    """A string naming a project file (`pkg/module.py`) that the tree does not hold."""
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and re.fullmatch(r"[\w./-]+/[\w-]+\.py", node.value) is not None
+            and not os.path.exists(os.path.join(repo, node.value)))
+
+
+def tautology(test: ast.expr, repo: str = REPO) -> Optional[str]:
     """Why the asserted expression `test` always holds, or None."""
     if isinstance(test, ast.Constant):
         return f"asserts the constant {test.value!r}" if test.value else None
@@ -87,6 +95,8 @@ def tautology(test: ast.expr) -> Optional[str]:
                 return "compares a value with itself"
             if isinstance(op, ast.In) and _both_booleans(right):
                 return "accepts both True and False"
+            if isinstance(op, ast.NotIn) and _missing_path(left, repo):
+                return f"asserts that {left.value}, which does not exist, is absent"
             left = right
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
         plain = [v for v in test.values if not isinstance(v, ast.UnaryOp)]
@@ -110,12 +120,12 @@ def _accepts_both_identities(values: List[ast.expr]) -> bool:
     return any(s == {True, False} for s in seen.values())
 
 
-def always_true_assertions(tree: ast.AST) -> List[Tuple[int, str]]:
+def always_true_assertions(tree: ast.AST, repo: str = REPO) -> List[Tuple[int, str]]:
     """(line, reason) of every `assert` in `tree` that cannot fail."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):
-            reason = tautology(node.test)
+            reason = tautology(node.test, repo)
             if reason:
                 found.append((node.lineno, reason))
     return found
@@ -297,6 +307,9 @@ def test_the_allow_list_names_real_tests_that_need_it(suite):
     ("assert x", False), ("assert not x", False), ("assert x in (True, None)", False),
     ("assert x == y", False), ("assert ()", False), ("assert x is True or y is False", False),
     ("assert False", False), ("assert 0 < x <= 1", False),
+    ("assert 'components/no_such_stage.py' not in files", True),
+    ("assert 'pipeline/runner.py' not in files", False),
+    ("assert 'components/no_such_stage.py' in files", False),
 ])
 def test_tautologies_are_recognized(source, flagged):
     assert bool(always_true_assertions(ast.parse(source))) is flagged, source
