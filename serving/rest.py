@@ -15,12 +15,13 @@ precondition, 404 not found, 501 unimplemented, ...); a body over
 `max_request_bytes` gets 413, as libevent (TF Serving's HTTP layer) answers.
 
 The modules under it: `serving/rest_http.py` (the socket, HTTP/1.1
-framing by h11 through uvicorn, head limits; a request carrying both
-`Transfer-Encoding` and `Content-Length` is refused with 400, a chunked
-body with 411) and `serving/rest_json.py` (the JSON formats). Every error,
-framing errors included, is answered in JSON. Requests run on a pool of
-`num_threads` threads (the model calls block); the event loop only parses
-and writes.
+framing by h11 through uvicorn, head limits) and `serving/rest_json.py`
+(the JSON formats). On top of h11, a request carrying both
+`Transfer-Encoding` and `Content-Length` is refused (400), and so are
+chunked bodies (411). Every error, framing errors included, is answered in
+JSON. Requests run on a pool of `num_threads` threads (the model calls
+block), which also encode the answers; the event loop only parses and
+writes.
 """
 from __future__ import annotations
 
