@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.results import write_result  # noqa: E402
-from components.contract.artifacts import write_artifact_json  # noqa: E402
+from components.contract.artifacts import Artifact, write_artifact_json  # noqa: E402
 from pipeline import integrity  # noqa: E402
 from pipeline.metadata import MetadataStore  # noqa: E402
 
@@ -73,9 +73,12 @@ def build_root(root: str, shards: int) -> MetadataStore:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
                     f.write(os.urandom(1024))
-            write_artifact_json(uri, type=name, producer=stage, execution_id=execution_id,
-                                fingerprint=f"{execution_id}", inputs={}, config={}, counts={},
-                                properties={}, files=integrity.file_list(uri), root=root)
+            write_artifact_json(Artifact(type=name, uri=uri, producer=stage,
+                                         execution_id=execution_id,
+                                         fingerprint=f"{execution_id}", inputs={},
+                                         counts={}, properties={},
+                                         files=integrity.file_list(uri)),
+                                config={}, root=root)
             store.add_artifact(execution_id, name, name, uri, f"{execution_id}")
         store.finish_execution(execution_id, "complete")
     return store

@@ -87,19 +87,24 @@ def make_artifacts(root: str, name: str, n: int, seed: int = 0):
             for i, b in enumerate(images)]
     examples_uri = os.path.join(root, name, "examples")
     counts = example_gen.write_examples(iter(raws), examples_uri, DataConfig(num_shards=2))
-    write_artifact_json(examples_uri, type="Examples", producer="ExampleGen", execution_id=1,
-                        fingerprint=f"{name}-ex", inputs={}, config={}, counts=counts,
-                        properties={"has_boxes": False, "source": "benchmark"})
+    write_artifact_json(Artifact(type="Examples", uri=examples_uri, producer="ExampleGen",
+                                 execution_id=1, fingerprint=f"{name}-ex", inputs={},
+                                 counts=counts,
+                                 properties={"has_boxes": False, "source": "benchmark"}),
+                        config={})
     spec = dict(ENCODERS[name])
     kind = spec.pop("kind")
     model = build_encoder(kind, **spec)
     encoder_uri = os.path.join(root, name, "encoder")
     os.makedirs(encoder_uri, exist_ok=True)
     model.save(os.path.join(encoder_uri, "encoder.keras"))
-    write_artifact_json(encoder_uri, type="Encoder", producer="EncoderTrainer", execution_id=2,
-                        fingerprint=f"{name}-enc", inputs={}, config={}, counts={},
-                        properties={"image_size": spec["image_size"],
-                                    "grid_shape": [int(v) for v in model.output_shape[1:]]})
+    write_artifact_json(Artifact(type="Encoder", uri=encoder_uri, producer="EncoderTrainer",
+                                 execution_id=2, fingerprint=f"{name}-enc", inputs={},
+                                 counts={},
+                                 properties={"image_size": spec["image_size"],
+                                             "grid_shape": [int(v) for v in
+                                                            model.output_shape[1:]]}),
+                        config={})
     return (Artifact.load(examples_uri, "Examples"), Artifact.load(encoder_uri, "Encoder"),
             model, images)
 

@@ -55,7 +55,7 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
     import tensorflow as tf
     from components.contract import schema
     from models import text
-    from components.contract.artifacts import write_artifact_json
+    from components.contract.artifacts import Artifact, write_artifact_json
     rng = np.random.default_rng(seed)
     h, w, d = grid_shape
     annotations, vocabulary = os.path.join(folder, "annotations"), os.path.join(folder, "vocab")
@@ -76,17 +76,20 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
         writers[i % shards].write(example.SerializeToString())
     for writer in writers:
         writer.close()
-    write_artifact_json(annotations, type="Annotations", producer="benchmark", execution_id=0,
-                        fingerprint="synthetic", inputs={}, config={},
-                        counts={"train": images},
-                        properties={"grid_shape": list(grid_shape),
-                                    "num_records": {"train": images}})
+    write_artifact_json(Artifact(type="Annotations", uri=annotations, producer="benchmark",
+                                 execution_id=0, fingerprint="synthetic", inputs={},
+                                 counts={"train": images},
+                                 properties={"grid_shape": list(grid_shape),
+                                             "num_records": {"train": images}}),
+                        config={})
     with open(os.path.join(vocabulary, schema.VOCAB_FILE), "w") as f:
         f.write(schema.vocabulary_text(list(text.RESERVED)
                                         + [f"w{i}" for i in range(VOCAB_WORDS)]))
-    write_artifact_json(vocabulary, type="Vocabulary", producer="benchmark", execution_id=0,
-                        fingerprint="synthetic", inputs={}, config={}, counts={},
-                        properties={"size": len(text.RESERVED) + VOCAB_WORDS})
+    write_artifact_json(Artifact(type="Vocabulary", uri=vocabulary, producer="benchmark",
+                                 execution_id=0, fingerprint="synthetic", inputs={},
+                                 counts={},
+                                 properties={"size": len(text.RESERVED) + VOCAB_WORDS}),
+                        config={})
     return annotations, vocabulary
 
 

@@ -33,11 +33,11 @@ import numpy as np
 from tqdm import tqdm
 
 from components.contract import precision as precision_lib
-from components.contract import schema
-from components.contract import summary_writer
+from components.contract import schema, stage_log, summary_writer
 from models import text as text_lib
 
 # Words that say nothing about what is in a region.
+_log = stage_log.logger("EncoderTrainer")
 STOPWORDS = frozenset("a an the is are of on in with to there this image picture and at".split())
 
 
@@ -157,7 +157,7 @@ def _StepBar(bar):
     return StepBar()
 
 
-def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
+def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=_log,
                        steps_per_epoch: int | None = None, policy: str = "float32",
                        logs_dir: str | None = None):
     """Trains the small CNN on word presence until val mAP stops improving.
@@ -191,7 +191,7 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
     writer = summary_writer.file_writer(logs_dir) if logs_dir else None
     try:
         best, best_weights, epoch, history = _fit_epochs(
-            model, backbone, train_ds, val_images, val_y, config, log, steps_per_epoch, writer)
+            model, backbone, train_ds, (val_images, val_y), config, log, steps_per_epoch, writer)
     finally:
         if writer is not None:
             writer.close()
@@ -205,9 +205,12 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=print,
     return backbone, best, epoch, history
 
 
-def _fit_epochs(model, backbone, train_ds, val_images, val_y, config, log, steps_per_epoch,
-                writer):
-    """The epochs of `train_word_encoder`: (best mAP, its backbone weights, epochs, history)."""
+def _fit_epochs(model, backbone, train_ds, val, config, log, steps_per_epoch, writer):
+    """The epochs of `train_word_encoder`: (best mAP, its backbone weights, epochs, history).
+
+    `val` is `(val images dataset, their targets)`.
+    """
+    val_images, val_y = val
     best, best_weights, bad, history = -1.0, None, 0, []
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
@@ -221,7 +224,7 @@ def _fit_epochs(model, backbone, train_ds, val_images, val_y, config, log, steps
         val_map = mean_average_precision(scores, val_y)
         history.append({"epoch": epoch, "loss": float(fit.history["loss"][-1]),
                         "val_map": val_map, "seconds": round(time.time() - start, 1)})
-        log(f"[EncoderTrainer] epoch {epoch}: loss {history[-1]['loss']:.4f} "
+        log(f"epoch {epoch}: loss {history[-1]['loss']:.4f} "
             f"val mAP {val_map:.4f} ({history[-1]['seconds']}s)")
         improved = val_map > best + config.min_delta
         if improved:
@@ -237,12 +240,12 @@ def _fit_epochs(model, backbone, train_ds, val_images, val_y, config, log, steps
                 "encoder/epoch_seconds": history[-1]["seconds"]}, epoch)
             writer.flush()  # one point per epoch: show it now, not at the next timed flush
         if not improved and bad >= config.patience:
-            log(f"[EncoderTrainer] val mAP stopped improving: best {best:.4f}")
+            log(f"val mAP stopped improving: best {best:.4f}")
             break
     return best, best_weights, epoch, history
 
 
-def train_from_examples(examples_uri: str, config, log=print,
+def train_from_examples(examples_uri: str, config, log=_log,
                         logs_dir: str | None = None) -> tuple:
     """Trains the small CNN on an Examples artifact, streaming every image from disk.
 
@@ -274,7 +277,7 @@ def train_from_examples(examples_uri: str, config, log=print,
     # Chance level: a scorer that ranks at random gets each word's prevalence.
     chance = float(np.mean([val_y[:, j].mean() for j in range(len(words))
                             if val_y[:, j].sum() > 0]))
-    log(f"[EncoderTrainer] {n_train} train images streamed from disk (shuffle buffer "
+    log(f"{n_train} train images streamed from disk (shuffle buffer "
         f"{min(n_train, config.shuffle_buffer)} records), {len(val_sets)} val images, "
         f"{len(words)} words")
     train_ds = (image_word_dataset(train_files, index, config.image_size,
@@ -283,7 +286,7 @@ def train_from_examples(examples_uri: str, config, log=print,
     val_ds = (image_word_dataset(val_files, index, config.image_size, limit=len(val_sets))
               .batch(256).prefetch(2))
     chosen = precision_lib.resolve(config.mixed_precision)
-    log(f"[EncoderTrainer] precision {chosen.policy} ({chosen.requested}: {chosen.reason})")
+    log(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})")
     backbone, val_map, epochs, history = train_word_encoder(
         train_ds, val_ds, val_y, config, log,
         steps_per_epoch=-(-n_train // config.batch_size), policy=chosen.policy,
@@ -300,7 +303,7 @@ def run(ctx) -> dict:
     from models.encoder import build_encoder
     cfg = ctx.config.encoder
     out = ctx.outputs["encoder"]
-    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    log = ctx.log
     properties: dict = {"kind": cfg.kind, "image_size": cfg.image_size,
                         "coord_channels": cfg.coord_channels}
     counts: dict = {}
@@ -323,7 +326,7 @@ def run(ctx) -> dict:
     h, w, d = (int(v) for v in encoder.output_shape[1:])
     properties[schema.GRID_SHAPE] = [h, w, d]
     encoder.save(os.path.join(out, schema.ENCODER_FILE))
-    log(f"[EncoderTrainer] encoder {cfg.kind}: grid {h}x{w}x{d}"
+    log(f"encoder {cfg.kind}: grid {h}x{w}x{d}"
         + (f", val mAP {properties['val_map']:.4f} (chance {properties['chance_map']:.4f})"
            if "val_map" in properties else ""))
     return {"encoder": {"counts": counts, "properties": properties}}

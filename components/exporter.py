@@ -20,10 +20,7 @@ import os
 import sys
 
 from components.contract import io_utils, schema
-from components.contract.export_model import decoding_settings, export
-
-LOG = "[Exporter]"
-
+from components.contract.export_model import ExportSources, decoding_settings, export
 
 def run(ctx) -> dict:
     """Exports the Model with its Encoder and Vocabulary; writes `ServingModel`."""
@@ -39,16 +36,17 @@ def run(ctx) -> dict:
             if bar.postfix:
                 bar.update(1)
             bar.set_postfix_str(name)
-        report = export(path, model.uri, encoder.uri, vocabulary.uri, decoding,
-                        ctx.config.push.model_name, ctx.config.push.num_warmup_requests,
-                        record=record, progress=progress)
+        report = export(path, ExportSources(
+            model.uri, encoder.uri, vocabulary.uri, decoding,
+            model_name=ctx.config.push.model_name,
+            num_warmup_requests=ctx.config.push.num_warmup_requests, record=record),
+            progress=progress)
         bar.update(1)
     digest = io_utils.tree_digest(path)
     grid = encoder.properties.get(schema.GRID_SHAPE)
-    line = (f"{LOG} SavedModel {digest[:12]} (beam {decoding['beam_size']}, max length "
+    ctx.log(f"SavedModel {digest[:12]} (beam {decoding['beam_size']}, max length "
             f"{decoding['max_length']}); infra validation "
             + ("passed" if report["ok"] else f"FAILED: {report['reason']}"))
-    print(line, file=sys.stderr, flush=True)
     return {"serving_model": {
         "counts": {"infra_validated": int(bool(report["ok"]))},
         "properties": {"digest": digest, "decoding": decoding, "infra_validation": report,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 
 from components.contract import io_utils, schema
@@ -157,11 +156,11 @@ class PushError(RuntimeError):
 def run(ctx) -> dict:
     """Publishes the evaluated SavedModel when blessed; otherwise pushes nothing and says why."""
     cfg = ctx.config.push
-    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    log = ctx.log
     blessing = ctx.inputs["blessing"]
     if not blessing.properties.get("blessed"):
         reasons = blessing.properties.get("reasons", [])
-        log("[Pusher] model NOT blessed, nothing pushed: " + "; ".join(reasons))
+        log("model NOT blessed, nothing pushed: " + "; ".join(reasons))
         return {"pushed_model": {"counts": {"pushed": 0},
                                  "properties": {"pushed": False, "reasons": reasons}}}
     serving, evaluation = ctx.inputs["serving_model"], ctx.inputs["evaluation"]
@@ -179,7 +178,7 @@ def run(ctx) -> dict:
     if newest and pushed_digest(os.path.join(model_dir, str(newest[0]))) == digest:
         version, path = newest[0], os.path.join(model_dir, str(newest[0]))
         remove_leftovers(model_dir)
-        log(f"[Pusher] version {version} already holds this SavedModel (pushed by an "
+        log(f"version {version} already holds this SavedModel (pushed by an "
             "interrupted run): not pushing it again")
     else:
         version, path = publish_version(model_dir, _copy_exact(source, digest),
@@ -189,7 +188,7 @@ def run(ctx) -> dict:
     _atomic_write(os.path.join(serving_dir, MODELS_CONFIG), models_config_text(serving_dir, names))
     _atomic_write(os.path.join(serving_dir, BATCHING_PARAMETERS),
                   batching_parameters_text(cfg.max_batch_size, cfg.batch_timeout_micros))
-    log(f"[Pusher] pushed version {version} ({digest[:12]}, the evaluated SavedModel) to "
+    log(f"pushed version {version} ({digest[:12]}, the evaluated SavedModel) to "
         f"{path} in {time.time() - start:.1f}s")
     return {"pushed_model": {
         "counts": {"pushed": 1},

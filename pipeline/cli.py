@@ -396,13 +396,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the tensorboard command instead of running it")
     p.set_defaults(func=_cmd_tensorboard)
 
-    p = add("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
-    p.set_defaults(func=None, delegate="serving.server:main")
-    p = add("caption", help="caption images through a gRPC server", add_help=False)
-    p.set_defaults(func=None, delegate="serving.client:caption_main")
-    p = add("demo", help="the whole main job on the synthetic data", add_help=False)
-    p.set_defaults(func=None, delegate="pipeline.demo:main")
+    # Listed for `--help`; `_main` hands their command lines to `DELEGATED`.
+    add("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
+    add("caption", help="caption images through a gRPC server", add_help=False)
+    add("demo", help="the whole main job on the synthetic data", add_help=False)
     return parser
+
+
+# Subcommands that parse their own flags: name -> "module:function(argv)".
+DELEGATED = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
+             "demo": "pipeline.demo:main"}
 
 
 def main(argv=None) -> int:
@@ -461,10 +464,9 @@ def _serving_protos_without_tensorflow() -> None:
 def _main(argv: list[str], verbose: bool) -> int:
     parser = build_parser()
     # serve / caption / demo own their flags: hand them the rest of the line.
-    if argv and argv[0] in ("serve", "caption", "demo"):
+    if argv and argv[0] in DELEGATED:
         import importlib
-        module, func = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
-                        "demo": "pipeline.demo:main"}[argv[0]].split(":")
+        module, func = DELEGATED[argv[0]].split(":")
         rest = argv[1:]
         if argv[0] == "caption":
             _serving_protos_without_tensorflow()

@@ -52,6 +52,48 @@ def stop_server(proc) -> None:
             proc.kill()
 
 
+def _caption_over_grpc(summary: dict, model_base: str, model_name: str, count: int,
+                       output: str) -> None:
+    """Serves the pushed model and captions `count` test images through the gRPC client."""
+    from components.evaluator.split_readers import read_images
+    from serving.attention_figure import save_attention_figure
+    from serving.client import CaptionClient
+    examples_uri = summary["stages"]["ExampleGen"]["outputs"]["examples"]
+    evaluation_uri = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
+    references, evaluated = {}, {}
+    with open(os.path.join(evaluation_uri, "captions.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            references[row["image_id"]] = row["references"]
+            evaluated[row["image_id"]] = row["caption"]
+    wanted = sorted(references)[:count]
+    images = read_images(examples_uri, "test", set(wanted))
+    proc, grpc_target, rest_target = start_server(model_base, model_name)
+    attention_dir = os.path.join(output, "client_attention")
+    try:
+        print(f"  server: gRPC {grpc_target}, REST {rest_target}")
+        client = CaptionClient(grpc_target, model_name=model_name)
+        # One request per image, as the Evaluator called the same SavedModel.
+        results = [client.caption([images[i]])[0] for i in wanted]
+        os.makedirs(attention_dir, exist_ok=True)
+        served = []
+        for image_id, result in zip(wanted, results):
+            save_attention_figure(images[image_id], result["caption"].split(),
+                                  result["attention"], os.path.join(attention_dir, f"{image_id}.png"))
+            served.append({"image_id": image_id, **{k: result[k] for k in ("caption", "score")},
+                           "references": references[image_id]})
+            print(f"\n  {image_id}  (score {result['score']:.3f})\n"
+                  f"    generated: {result['caption']}")
+            for ref in references[image_id][:3]:
+                print(f"    reference: {ref}")
+        with open(os.path.join(output, "served_captions.json"), "w") as f:
+            json.dump(served, f, indent=2)
+        same = sum(r["caption"] == evaluated[r["image_id"]] for r in served)
+        print(f"\n  {same} of {len(served)} served captions are the ones the Evaluator scored")
+    finally:
+        stop_server(proc)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="captioner demo", description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="demo_output", help="everything goes here")
@@ -81,44 +123,10 @@ def main(argv=None) -> int:
         return 1
 
     _banner("2/3 serving the pushed model and captioning test images over gRPC")
-    from components.evaluator.split_readers import read_images
-    from serving.client import CaptionClient
     model_base = os.path.join(serving_dir, config.push.model_name)
-    examples_uri = summary["stages"]["ExampleGen"]["outputs"]["examples"]
     evaluation_uri = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
-    references, evaluated = {}, {}
-    with open(os.path.join(evaluation_uri, "captions.jsonl")) as f:
-        for line in f:
-            row = json.loads(line)
-            references[row["image_id"]] = row["references"]
-            evaluated[row["image_id"]] = row["caption"]
-    wanted = sorted(references)[:args.num_captions]
-    images = read_images(examples_uri, "test", set(wanted))
-    proc, grpc_target, rest_target = start_server(model_base, config.push.model_name)
     attention_dir = os.path.join(output, "client_attention")
-    try:
-        print(f"  server: gRPC {grpc_target}, REST {rest_target}")
-        client = CaptionClient(grpc_target, model_name=config.push.model_name)
-        # One request per image, as the Evaluator called the same SavedModel.
-        results = [client.caption([images[i]])[0] for i in wanted]
-        os.makedirs(attention_dir, exist_ok=True)
-        from serving.attention_figure import save_attention_figure
-        served = []
-        for image_id, result in zip(wanted, results):
-            save_attention_figure(images[image_id], result["caption"].split(),
-                                  result["attention"], os.path.join(attention_dir, f"{image_id}.png"))
-            served.append({"image_id": image_id, **{k: result[k] for k in ("caption", "score")},
-                           "references": references[image_id]})
-            print(f"\n  {image_id}  (score {result['score']:.3f})\n"
-                  f"    generated: {result['caption']}")
-            for ref in references[image_id][:3]:
-                print(f"    reference: {ref}")
-        with open(os.path.join(output, "served_captions.json"), "w") as f:
-            json.dump(served, f, indent=2)
-        same = sum(r["caption"] == evaluated[r["image_id"]] for r in served)
-        print(f"\n  {same} of {len(served)} served captions are the ones the Evaluator scored")
-    finally:
-        stop_server(proc)
+    _caption_over_grpc(summary, model_base, config.push.model_name, args.num_captions, output)
 
     _banner("3/3 results")
     keys = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",

@@ -11,9 +11,10 @@ import sqlite3
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from components.contract import stage_log
 from components.contract.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
 from pipeline import config as config_lib
 from pipeline import dag
@@ -21,6 +22,7 @@ from pipeline import input_fingerprints
 from pipeline import integrity
 from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
+from pipeline.resolver import resolve_latest, summarize
 
 
 class StageError(RuntimeError):
@@ -53,6 +55,10 @@ class StageContext:
     root: str
     execution_id: int
     beam_args: tuple = ()
+
+    def log(self, line: str) -> None:
+        """One line of progress on stderr, as `[<stage>] <line>`."""
+        stage_log.write(self.stage, line)
 
 
 def stage_fingerprint(spec: dag.StageSpec, config: config_lib.PipelineConfig,
@@ -145,48 +151,20 @@ def _disk_error_message(stage: str | None, error: tuple[int, str | None], root: 
     return f"{what}: {_DISK_ERRNOS[code]}{where} (pipeline root {root!r}); {advice}"
 
 
-def resolve_latest(store: MetadataStore, resolver: dag.LatestArtifact,
-                   inputs: Mapping[str, Artifact]) -> Artifact | None:
-    """The newest published artifact that `resolver` describes, or None.
+@dataclass
+class _RunState:
+    """What a run has done so far.
 
-    Args:
-      store: the metadata store (lineage of earlier runs).
-      resolver: what to look for.
-      inputs: the stage's inputs so far (for `resolver.unless_same`).
-    Returns:
-      The artifact (the `follow`ed input of the matching execution when
-      `follow` is set), or None when nothing intact matches.
+    Attributes:
+      selected: the stages asked for.
+      produced: stage -> output name -> its `Artifact` in this run.
+      ran: the stages that ran (not cached) in this run.
+      rebuilt: stages not selected that ran because their outputs were damaged.
     """
-    same = inputs.get(resolver.unless_same) if resolver.unless_same else None
-    for row in store.latest_outputs(resolver.stage, resolver.output):
-        try:
-            art = Artifact.load(row["uri"])
-        except ArtifactError:
-            continue
-        if any(art.properties.get(k) != v for k, v in resolver.where.items()):
-            continue
-        read = {e["name"]: e["uri"] for e in store.events(row["execution_id"])
-                if e["kind"] == "input"}
-        if same is not None and read.get(resolver.unless_same) == same.uri:
-            continue
-        if not resolver.follow:
-            return art
-        try:
-            return Artifact.load(read[resolver.follow])
-        except (KeyError, ArtifactError):
-            continue
-    return None
-
-
-def summarize(spec: dag.StageSpec, outputs: Mapping[str, Artifact]) -> dict:
-    """The run-summary entries `spec.summary` names, read from the outputs' properties."""
-    entries = {}
-    for key, (output, prop) in spec.summary.items():
-        art = outputs.get(output)
-        if art is not None and prop in art.properties:
-            value = art.properties[prop]
-            entries[key] = dict(value) if isinstance(value, Mapping) else value
-    return entries
+    selected: list
+    produced: dict = field(default_factory=dict)
+    ran: set = field(default_factory=set)
+    rebuilt: set = field(default_factory=set)
 
 
 class Runner:
@@ -245,64 +223,17 @@ class Runner:
             self._remove_stale_tmp()
             summary = {"config": self.config.name, "root": self.root, "stages": {},
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            produced: dict[str, dict[str, Artifact]] = {}
+            state = _RunState(selected)
             needed = self._needed(selected)
-            rebuilt: set[str] = set()  # stages not selected that ran because of damage
-            ran: set[str] = set()  # stages that ran in this run
             for spec in self.stages:
                 if spec.name not in needed:
                     continue
                 current = spec.name
-                inputs = {}
-                for in_name, (up_stage, up_art) in spec.inputs.items():
-                    inputs[in_name] = produced[up_stage][up_art]
-                for in_name, resolver in spec.resolved.items():
-                    found = resolve_latest(store, resolver, inputs)
-                    if found is not None:
-                        inputs[in_name] = found
-                code = code_fingerprint(spec.module, root=self.code_root)
-                base = stage_fingerprint(spec, self.config, inputs, code)
-                # What the config's paths hold now; a change re-runs the stage.
-                external = input_fingerprints.stage_records(spec.config_sections, self.config)
-                fp = stage_fingerprint(spec, self.config, inputs, code, external)
-                changes = (input_fingerprints.changes_since(store, spec.name, base, external)
-                           if external else [])
-                reason = input_fingerprints.changes_line(changes)
-                if spec.name in selected:
-                    result = self._run_stage(store, spec, inputs, fp, reason)
-                else:
-                    result = self._resolve_cached(store, spec, fp)
-                    if result is not None:
-                        result["status"] = "cached"
-                    elif store.complete_executions(spec.name, fp) or rebuilt & {
-                            up for up, _ in spec.inputs.values()}:
-                        # Its outputs for this config were damaged since, or it reads
-                        # one that was: rebuilt, not refused.
-                        result = self._run_stage(store, spec, inputs, fp, reuse=False)
-                        rebuilt.add(spec.name)
-                    elif ran & {up for up, _ in spec.inputs.values()}:
-                        # Between a stage that just ran and a selected one (the
-                        # Exporter of `--stages Trainer,Evaluator`): it runs too.
-                        self.log(f"[{spec.name}] runs too: it reads the new output of "
-                                 f"{', '.join(sorted(ran & {u for u, _ in spec.inputs.values()}))}"
-                                 " and feeds the selected stages")
-                        result = self._run_stage(store, spec, inputs, fp)
-                    else:
-                        raise StageError(
-                            f"{spec.name} has no outputs for the current config"
-                            + (f" ({reason})" if reason else "") + "; "
-                            f"add it to --stages (it feeds {', '.join(sorted(set(selected)))})")
-                if result["status"] == "ran" and external:
-                    store.set_external_inputs(result["execution_id"],
-                                              {"base": base, "inputs": external})
-                    if changes:
-                        result["changed_inputs"] = changes
-                if result["status"] == "ran":
-                    ran.add(spec.name)
-                produced[spec.name] = result.pop("artifacts")
+                result = self._stage(store, spec, state)
+                state.produced[spec.name] = result.pop("artifacts")
                 if spec.name in selected or result["status"] == "ran":
                     summary["stages"][spec.name] = result
-                    summary.update(summarize(spec, produced[spec.name]))
+                    summary.update(summarize(spec, state.produced[spec.name]))
             current = None
             summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
             self._write_summary(summary)
@@ -315,6 +246,62 @@ class Runner:
             raise StageError(_disk_error_message(current, error, self.root)) from e
         finally:
             store.close()
+
+    def _stage(self, store: MetadataStore, spec: dag.StageSpec, state: "_RunState") -> dict:
+        """Runs one stage of the run, or takes it from the cache: its result with `artifacts`."""
+        inputs = {in_name: state.produced[up_stage][up_art]
+                  for in_name, (up_stage, up_art) in spec.inputs.items()}
+        for in_name, resolver in spec.resolved.items():
+            found = resolve_latest(store, resolver, inputs)
+            if found is not None:
+                inputs[in_name] = found
+        code = code_fingerprint(spec.module, root=self.code_root)
+        base = stage_fingerprint(spec, self.config, inputs, code)
+        # What the config's paths hold now; a change re-runs the stage.
+        external = input_fingerprints.stage_records(spec.config_sections, self.config)
+        fp = stage_fingerprint(spec, self.config, inputs, code, external)
+        changes = (input_fingerprints.changes_since(store, spec.name, base, external)
+                   if external else [])
+        reason = input_fingerprints.changes_line(changes)
+        if spec.name in state.selected:
+            result = self._run_stage(store, spec, inputs, fp, reason)
+        else:
+            result = self._unselected(store, spec, (inputs, fp), reason, state)
+        if result["status"] == "ran" and external:
+            store.set_external_inputs(result["execution_id"], {"base": base, "inputs": external})
+            if changes:
+                result["changed_inputs"] = changes
+        if result["status"] == "ran":
+            state.ran.add(spec.name)
+        return result
+
+    def _unselected(self, store: MetadataStore, spec: dag.StageSpec, keyed: tuple,
+                    reason: str, state: "_RunState") -> dict:
+        """A stage that feeds the selected ones: cached, rebuilt, run between, or refused.
+
+        `keyed` is `(inputs, fingerprint)` of the stage.
+        """
+        inputs, fp = keyed
+        result = self._resolve_cached(store, spec, fp)
+        if result is not None:
+            result["status"] = "cached"
+            return result
+        upstream = {up for up, _ in spec.inputs.values()}
+        if store.complete_executions(spec.name, fp) or state.rebuilt & upstream:
+            # Its outputs for this config were damaged since, or it reads
+            # one that was: rebuilt, not refused.
+            state.rebuilt.add(spec.name)
+            return self._run_stage(store, spec, inputs, fp, reuse=False)
+        if state.ran & upstream:
+            # Between a stage that just ran and a selected one (the
+            # Exporter of `--stages Trainer,Evaluator`): it runs too.
+            self.log(f"[{spec.name}] runs too: it reads the new output of "
+                     f"{', '.join(sorted(state.ran & upstream))} and feeds the selected stages")
+            return self._run_stage(store, spec, inputs, fp)
+        raise StageError(
+            f"{spec.name} has no outputs for the current config"
+            + (f" ({reason})" if reason else "") + "; "
+            f"add it to --stages (it feeds {', '.join(sorted(set(state.selected)))})")
 
     def _needed(self, selected: Sequence[str]) -> set[str]:
         needed = set(selected)
@@ -401,12 +388,14 @@ class Runner:
                 res = results.get(name, {})
                 # Paths inside the root are recorded relative to it, and every
                 # file with its size and checksum: a cache hit checks them.
-                write_artifact_json(
-                    outputs[name], type=typ, producer=spec.name, execution_id=execution_id,
-                    fingerprint=f"{fp}:{name}:{execution_id}",
-                    inputs={k: v.uri for k, v in inputs.items()}, config=resolved,
-                    counts=res.get("counts", {}), properties=res.get("properties", {}),
-                    files=integrity.file_list(outputs[name]), root=self.root)
+                write_artifact_json(Artifact(type=typ, uri=outputs[name], producer=spec.name,
+                                             execution_id=execution_id,
+                                             fingerprint=f"{fp}:{name}:{execution_id}",
+                                             inputs={k: v.uri for k, v in inputs.items()},
+                                             counts=res.get("counts", {}),
+                                             properties=res.get("properties", {}),
+                                             files=integrity.file_list(outputs[name])),
+                                    config=resolved, root=self.root)
             fsync_tree(tmp_dir)
             os.replace(tmp_dir, final_dir)  # the atomic publish
         except BaseException as e:

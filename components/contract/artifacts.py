@@ -165,32 +165,29 @@ def from_portable(value: Any, root: str, former: str | None = None) -> Any:
     return value
 
 
-def write_artifact_json(uri: str, *, type: str, producer: str, execution_id: int,
-                        fingerprint: str, inputs: Mapping[str, str],
-                        config: Mapping[str, Any], counts: Mapping[str, Any],
-                        properties: Mapping[str, Any],
-                        files: Mapping[str, Mapping[str, Any]] | None = None,
+def write_artifact_json(artifact: Artifact, config: Mapping[str, Any],
                         root: str | None = None) -> None:
     """Writes `artifact.json` into a (not yet published) artifact folder.
 
     Args:
-      uri: the artifact folder.
-      type, producer, execution_id, fingerprint, counts: as `Artifact`'s.
-      inputs: input name -> artifact folder read.
+      artifact: what to record: its `uri` (the folder), `type`, `producer`,
+        `execution_id`, `fingerprint`, `inputs` (input name -> artifact
+        folder read), `counts`, `properties` (type-specific facts,
+        JSON-serializable) and `files` (the folder's file list with sizes and
+        checksums, or None).
       config: the resolved config the producer ran with.
-      properties: type-specific facts (JSON-serializable).
-      files: the folder's file list with sizes and checksums (`Artifact.files`).
       root: the pipeline root: paths inside it, in `inputs` and `properties`,
         are written relative to it (`${root}/...`) so that the root can move.
     """
+    uri, files = artifact.uri, artifact.files
     os.makedirs(uri, exist_ok=True)
-    inputs, properties = dict(inputs), dict(properties)
+    inputs, properties = dict(artifact.inputs), dict(artifact.properties)
     if root is not None:
         inputs, properties = to_portable(inputs, root), to_portable(properties, root)
-    meta = {"type": type, "schema_version": SCHEMA_VERSION, "producer": producer,
-            "execution_id": execution_id, "fingerprint": fingerprint,
-            "inputs": inputs, "config": dict(config), "counts": dict(counts),
-            "properties": properties}
+    meta = {"type": artifact.type, "schema_version": SCHEMA_VERSION,
+            "producer": artifact.producer, "execution_id": artifact.execution_id,
+            "fingerprint": artifact.fingerprint, "inputs": inputs, "config": dict(config),
+            "counts": dict(artifact.counts), "properties": properties}
     if files is not None:
         meta["files"] = {k: dict(v) for k, v in files.items()}
     tmp = os.path.join(uri, ARTIFACT_FILE + ".tmp")

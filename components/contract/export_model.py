@@ -6,6 +6,7 @@ settings (the comparison needs the same decoding on both sides).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,19 +19,33 @@ def decoding_settings(eval_config) -> dict:
             "length_normalization": float(eval_config.length_normalization)}
 
 
-def export(path: str, model_uri: str, encoder_uri: str, vocabulary_uri: str, decoding: dict,
-           model_name: str, num_warmup_requests: int, record: dict | None = None,
-           progress=None, validate_infra: bool = True) -> dict:
-    """Writes a SavedModel to `path`, validates it for TF Serving and records both.
+@dataclasses.dataclass(frozen=True)
+class ExportSources:
+    """What a SavedModel is exported from, and how it decodes.
 
-    Args:
-      path: the (not yet existing) SavedModel folder.
+    Attributes:
       model_uri, encoder_uri, vocabulary_uri: the Model, Encoder and
         Vocabulary artifact folders.
       decoding: `decoding_settings`.
       model_name: written into the warmup requests.
       num_warmup_requests: warmup records (0 = none).
       record: more facts for `schema.EXPORT_RECORD` (the input fingerprints).
+    """
+    model_uri: str
+    encoder_uri: str
+    vocabulary_uri: str
+    decoding: dict
+    model_name: str = "captioner"
+    num_warmup_requests: int = 0
+    record: dict | None = None
+
+
+def export(path: str, sources: ExportSources, progress=None, validate_infra: bool = True) -> dict:
+    """Writes a SavedModel to `path`, validates it for TF Serving and records both.
+
+    Args:
+      path: the (not yet existing) SavedModel folder.
+      sources: the artifacts and the decoding.
       progress: called with the name of each step as it begins.
       validate_infra: run the InfraValidator (a child process, seconds).
     Returns:
@@ -44,18 +59,19 @@ def export(path: str, model_uri: str, encoder_uri: str, vocabulary_uri: str, dec
     from serving.infra_validator import validate
     step = progress or (lambda name: None)
     step("load")
-    decoder = keras.saving.load_model(schema.model_file(model_uri))
-    encoder = keras.saving.load_model(os.path.join(encoder_uri, schema.ENCODER_FILE))
-    vocabulary = schema.read_vocabulary(vocabulary_uri)
+    decoder = keras.saving.load_model(schema.model_file(sources.model_uri))
+    encoder = keras.saving.load_model(os.path.join(sources.encoder_uri, schema.ENCODER_FILE))
+    vocabulary = schema.read_vocabulary(sources.vocabulary_uri)
     step("export SavedModel")
-    export_saved_model(path, encoder, decoder, vocabulary, Decoding(**decoding),
-                       model_name=model_name, num_warmup_requests=num_warmup_requests)
+    export_saved_model(path, encoder, decoder, vocabulary, Decoding(**sources.decoding),
+                       model_name=sources.model_name,
+                       num_warmup_requests=sources.num_warmup_requests)
     report = None
     if validate_infra:
         step("infra validation")
         report = validate(path)
-    full = dict(record or {}, decoding=decoding, model_name=model_name,
-                num_warmup_requests=num_warmup_requests, infra_validation=report)
+    full = dict(sources.record or {}, decoding=sources.decoding, model_name=sources.model_name,
+                num_warmup_requests=sources.num_warmup_requests, infra_validation=report)
     out = os.path.join(path, schema.EXPORT_RECORD)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

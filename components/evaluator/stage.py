@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from components.contract import io_utils, schema
 from components.contract.config import REPORTED_METRICS
-from components.contract.export_model import decoding_settings, export
+from components.contract.export_model import ExportSources, decoding_settings, export
 from components.evaluator.metrics.blessing import blessing_decision, format_rows
 from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
 from components.evaluator.metrics.coco import SCORING_STEPS
@@ -46,13 +46,8 @@ from components.evaluator.metrics.endings import ending_metrics
 from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
 from components.evaluator.split_readers import iter_example_batches, read_images
 
-LOG = "[Evaluator]"
 # The paired bootstrap's settings, recorded with the comparison.
 BOOTSTRAP = {"resamples": 1000, "seed": 0, "confidence": 0.95}
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 class ServedFunction:
@@ -250,8 +245,9 @@ def _baseline_saved_model(baseline, decoding: dict, work_dir: str) -> tuple[str,
         tmp = f"{target}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            export(tmp, props["model_uri"], props["encoder_uri"], props["vocabulary_uri"],
-                   decoding, "baseline", 0, validate_infra=False)
+            export(tmp, ExportSources(props["model_uri"], props["encoder_uri"],
+                                      props["vocabulary_uri"], decoding, model_name="baseline"),
+                   validate_infra=False)
         except Exception as e:  # noqa: BLE001 - the served baseline is still a baseline
             shutil.rmtree(tmp, ignore_errors=True)
             return path, (f"the baseline decoded with its own export's settings {theirs}: "
@@ -303,13 +299,7 @@ def run(ctx) -> dict:
     """
     cfg = ctx.config.eval
     serving, examples = ctx.inputs["serving_model"], ctx.inputs["examples"]
-    saved = serving.path(serving.properties.get("saved_model", schema.SAVED_MODEL_DIR))
-    digest = io_utils.tree_digest(saved)
-    if digest != serving.properties.get("digest"):
-        raise RuntimeError(f"{saved} is not the SavedModel the Exporter wrote (digest {digest[:12]}"
-                           f", recorded {str(serving.properties.get('digest'))[:12]}): re-run "
-                           "the Exporter (`captioner run --no-cache --stages Exporter,Evaluator,"
-                           "Pusher`)")
+    saved, digest = _checked_saved_model(serving)
     decoding = dict(serving.properties.get("decoding") or decoding_settings(cfg))
     infra = dict(serving.properties.get("infra_validation") or {})
     common = {"export_digest": digest, "serving_model_uri": serving.uri,
@@ -326,6 +316,59 @@ def run(ctx) -> dict:
         notes += [note] if note else []
         reference = CaptionedSplit(ServedFunction(path), cfg.batch_size)
     figures = FigureKeeper(cfg.num_figures)
+    notes += _caption_test_split(ctx, candidate, reference, figures)
+    ctx.log(f"captioned {len(candidate.rows)} test images through serving_default in "
+            f"{candidate.seconds:.1f}s (beam {decoding['beam_size']}, "
+            f"{candidate.request_size} image(s) per call)"
+            + (f"; the baseline in {reference.seconds:.1f}s" if reference else ""))
+    metrics = _score_with_bar(candidate, "Evaluator scoring")
+    notes = metrics.pop("notes", []) + notes
+    baseline_metrics = _score_with_bar(reference, "Evaluator scoring baseline") \
+        if reference is not None else None
+
+    compared = (paired_bootstrap(candidate.stats, reference.stats, **BOOTSTRAP)
+                if reference is not None else None)
+    blessed, reasons, comparison = blessing_decision(compared, cfg.change_thresholds,
+                                                     cfg.thresholds, metrics)
+    drawn = _write_evaluation(ctx, candidate, reference, figures, {
+        "metrics": _public(metrics), "notes": notes,
+        "baseline_metrics": _public(baseline_metrics) if baseline_metrics else None,
+        "comparison": comparison})
+    baseline_info = None if baseline is None else {
+        "serving_model_uri": baseline.uri, "digest": baseline.properties.get("digest"),
+        "model_uri": baseline.properties.get("model_uri"),
+        "metrics": _public(baseline_metrics)}
+    blessing = {"blessed": blessed, "reasons": reasons, "thresholds": dict(cfg.thresholds),
+                "change_thresholds": {k: dict(v) for k, v in cfg.change_thresholds.items()},
+                "comparison": comparison, "bootstrap": BOOTSTRAP if reference else None,
+                "baseline": baseline_info, **common}
+    _write_blessing(ctx.outputs["blessing"], blessing)
+    _log_results(ctx.log, metrics, comparison if reference is not None else None, blessing)
+    return {
+        "evaluation": {"counts": {"test_images": len(candidate.rows), "figures": len(drawn)},
+                       "properties": {"metrics": _public(metrics), "notes": notes,
+                                      "baseline": baseline_info, "comparison": comparison,
+                                      "figures_index": "figures/index.html", **common}},
+        "blessing": {"properties": blessing},
+    }
+
+
+def _checked_saved_model(serving) -> tuple[str, str]:
+    """The ServingModel's SavedModel folder and digest, checked against the Exporter's record."""
+    saved = serving.path(serving.properties.get("saved_model", schema.SAVED_MODEL_DIR))
+    digest = io_utils.tree_digest(saved)
+    if digest != serving.properties.get("digest"):
+        raise RuntimeError(f"{saved} is not the SavedModel the Exporter wrote (digest {digest[:12]}"
+                           f", recorded {str(serving.properties.get('digest'))[:12]}): re-run "
+                           "the Exporter (`captioner run --no-cache --stages Exporter,Evaluator,"
+                           "Pusher`)")
+    return saved, digest
+
+
+def _caption_test_split(ctx, candidate: CaptionedSplit, reference: CaptionedSplit | None,
+                        figures: FigureKeeper) -> list[str]:
+    """Captions the test split with both models; returns notes on refused images."""
+    cfg, examples = ctx.config.eval, ctx.inputs["examples"]
     total = examples.counts.get("test")
     total = min(total, cfg.max_examples) if total and cfg.max_examples else (total or None)
     with tqdm(total=total, desc="Evaluator", unit="image", file=sys.stderr,
@@ -338,59 +381,39 @@ def run(ctx) -> dict:
     if not candidate.rows:
         raise RuntimeError("the test split is empty: nothing to evaluate "
                            "(check data.test_fraction and the ExampleGen counts)")
+    notes = []
     for label, split in (("candidate", candidate), ("baseline", reference)):
         if split is not None and split.failed:
             first = next(iter(split.failed.items()))
             notes.append(f"{len(split.failed)} test images refused by the {label}'s "
                          f"serving_default (captioned as empty), e.g. {first[0]}: {first[1]}")
-    _log(f"{LOG} captioned {len(candidate.rows)} test images through serving_default in "
-         f"{candidate.seconds:.1f}s (beam {decoding['beam_size']}, "
-         f"{candidate.request_size} image(s) per call)"
-         + (f"; the baseline in {reference.seconds:.1f}s" if reference else ""))
-    metrics = _score_with_bar(candidate, "Evaluator scoring")
-    notes = metrics.pop("notes", []) + notes
-    baseline_metrics = _score_with_bar(reference, "Evaluator scoring baseline") \
-        if reference is not None else None
+    return notes
 
-    compared = (paired_bootstrap(candidate.stats, reference.stats, **BOOTSTRAP)
-                if reference is not None else None)
-    blessed, reasons, comparison = blessing_decision(compared, cfg.change_thresholds,
-                                                     cfg.thresholds, metrics)
 
+def _write_evaluation(ctx, candidate: CaptionedSplit, reference: CaptionedSplit | None,
+                      figures: FigureKeeper, recorded: dict) -> list[dict]:
+    """`metrics.json`, the captions and the figures; returns the figures drawn."""
     eval_dir = ctx.outputs["evaluation"]
     with open(os.path.join(eval_dir, "metrics.json"), "w") as f:
-        json.dump({"metrics": _public(metrics), "notes": notes,
-                   "baseline_metrics": _public(baseline_metrics) if baseline_metrics else None,
-                   "comparison": comparison}, f, indent=2)
+        json.dump(recorded, f, indent=2)
     _write_captions(os.path.join(eval_dir, "captions.jsonl"), candidate)
     if reference is not None:
         _write_captions(os.path.join(eval_dir, "baseline_captions.jsonl"), reference)
-    drawn = write_figures(eval_dir, examples.uri, figures.entries()) if figures.count else []
+    if not figures.count:
+        return []
+    return write_figures(eval_dir, examples_uri=ctx.inputs["examples"].uri,
+                         kept=figures.entries())
 
-    baseline_info = None if baseline is None else {
-        "serving_model_uri": baseline.uri, "digest": baseline.properties.get("digest"),
-        "model_uri": baseline.properties.get("model_uri"),
-        "metrics": _public(baseline_metrics)}
-    blessing = {"blessed": blessed, "reasons": reasons, "thresholds": dict(cfg.thresholds),
-                "change_thresholds": {k: dict(v) for k, v in cfg.change_thresholds.items()},
-                "comparison": comparison, "bootstrap": BOOTSTRAP if reference else None,
-                "baseline": baseline_info, **common}
-    _write_blessing(ctx.outputs["blessing"], blessing)
+
+def _log_results(log, metrics: dict, comparison: list | None, blessing: dict) -> None:
+    """The metrics, the comparison with the baseline (if any) and the verdict, one line each."""
     shown = {k: round(metrics[k], 4) if isinstance(metrics[k], float) else metrics[k]
              for k in METRICS + REPORTED_METRICS
              if isinstance(metrics.get(k), (int, float))}
-    _log(f"{LOG} {json.dumps(shown)}")
-    if reference is not None:
-        for line in format_rows(comparison):
-            _log(f"{LOG}   {line}")
-    _log(f"{LOG} " + ("BLESSED" if blessed else "NOT_BLESSED: " + "; ".join(reasons)))
-    return {
-        "evaluation": {"counts": {"test_images": len(candidate.rows), "figures": len(drawn)},
-                       "properties": {"metrics": _public(metrics), "notes": notes,
-                                      "baseline": baseline_info, "comparison": comparison,
-                                      "figures_index": "figures/index.html", **common}},
-        "blessing": {"properties": blessing},
-    }
+    log(json.dumps(shown))
+    for line in format_rows(comparison) if comparison is not None else ():
+        log(f"  {line}")
+    log("BLESSED" if blessing["blessed"] else "NOT_BLESSED: " + "; ".join(blessing["reasons"]))
 
 
 def _write_blessing(blessing_dir: str, blessing: dict) -> None:
@@ -411,7 +434,7 @@ def _not_servable(ctx, infra: dict, common: dict) -> dict:
     with open(os.path.join(ctx.outputs["evaluation"], "metrics.json"), "w") as f:
         json.dump({"metrics": {}, "notes": [reason]}, f, indent=2)
     _write_blessing(ctx.outputs["blessing"], blessing)
-    _log(f"{LOG} NOT_BLESSED: {reason}")
+    ctx.log(f"NOT_BLESSED: {reason}")
     return {"evaluation": {"counts": {"test_images": 0, "figures": 0},
                            "properties": {"metrics": {}, "notes": [reason], "comparison": [],
                                           **common}},

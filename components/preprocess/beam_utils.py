@@ -151,17 +151,13 @@ class KerasModelHandler(ModelHandler[np.ndarray, np.ndarray, _CompiledModel]):
     is written).
 
     The model is loaded once per worker process (RunInference keeps it in a
-    process-wide `Shared` handle across bundles and DoFn instances); with
-    `large_model=True` one copy is shared by all processes on a machine
-    instead (`share_model_across_processes`), which saves memory but pays
-    inter-process copies of every batch.
+    process-wide `Shared` handle across bundles and DoFn instances).
 
     Args:
       model_path: the `.keras` file (local or any `tf.io.gfile` path).
       input_shape: one example's shape, e.g. `(S, S, 3)`.
       output_dtype: numpy dtype of the returned arrays (e.g. `float16`).
       min_batch_size, max_batch_size: `BatchElements` bounds.
-      large_model: share one model across processes.
       metrics_namespace: namespace of RunInference's own metrics.
       custom_modules: modules to import before loading, so that the model's
         registered custom layers are known in a fresh worker process.
@@ -169,13 +165,12 @@ class KerasModelHandler(ModelHandler[np.ndarray, np.ndarray, _CompiledModel]):
 
     def __init__(self, model_path: str, *, input_shape: Sequence[int],
                  output_dtype: str = "float32", min_batch_size: int | None = None,
-                 max_batch_size: int | None = None, large_model: bool = False,
+                 max_batch_size: int | None = None,
                  metrics_namespace: str = "RunInference",
                  custom_modules: Sequence[str] = ()):
         if min_batch_size is not None and max_batch_size is not None:
             min_batch_size = min(min_batch_size, max_batch_size)
-        super().__init__(min_batch_size=min_batch_size, max_batch_size=max_batch_size,
-                         large_model=large_model)
+        super().__init__(min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         self.model_path = model_path
         self.input_shape = tuple(int(v) for v in input_shape)
         self.output_dtype = np.dtype(output_dtype).name
@@ -213,9 +208,6 @@ class KerasModelHandler(ModelHandler[np.ndarray, np.ndarray, _CompiledModel]):
 
     def get_metrics_namespace(self) -> str:
         return self._metrics_namespace
-
-    def share_model_across_processes(self) -> bool:
-        return self._large_model
 
 
 class WriteTFRecordShards(beam.PTransform):

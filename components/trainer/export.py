@@ -20,8 +20,6 @@ from components.trainer import checkpointing
 from components.trainer.summaries import scalar_value
 from components.trainer.timing import Timing
 
-LOG = "[Trainer]"
-
 
 @dataclasses.dataclass
 class TrainedRun:
@@ -102,11 +100,11 @@ def export(run: TrainedRun) -> dict:
     if run.role.is_chief:
         # No path: the output folder is renamed when the runner publishes it.
         best = properties["best_metric"]
-        run.log(f"{LOG} model written: {steps} steps"
+        run.log(f"model written: {steps} steps"
                 + (f", best {run.metric_name()} {best:.4f} at epoch "
                    f"{properties['best_epoch'] + 1}" if best is not None else ""))
     else:
-        run.log(f"{LOG} {run.role.task_type}:{run.role.task_id} done after {steps} steps "
+        run.log(f"{run.role.task_type}:{run.role.task_id} done after {steps} steps "
                 f"(weights {properties['weights_digest'][:12]})")
     return {"model": {"counts": counts, "properties": properties}}
 

@@ -20,7 +20,7 @@ from components.trainer import distribute
 from components.contract import schema
 from components.contract import precision as precision_lib
 from components.trainer import checkpointing, summaries
-from components.trainer.export import LOG, TrainedRun
+from components.trainer.export import TrainedRun
 from components.trainer.sync import broadcast_from_chief, chief_values
 from components.trainer.timing import Timing
 from components.trainer.validation import Validator, improved
@@ -159,9 +159,9 @@ class TrainingLoop:
     def _announce(self) -> None:
         tcfg, role, inputs = self.tcfg, self.role, self.inputs
         if not self.chief:
-            self.log(f"{LOG} {role.task_type}:{role.task_id} of {role.num_workers} workers: "
+            self.log(f"{role.task_type}:{role.task_id} of {role.num_workers} workers: "
                      "training with the chief; saves go to temporary folders")
-        self.say(f"{LOG} strategy {tcfg.strategy} "
+        self.say(f"strategy {tcfg.strategy} "
                  f"({self.strategy.num_replicas_in_sync} replica(s)"
                  + (f", {role.num_workers} workers, task {role.task_type}:{role.task_id}"
                     if self.multi_worker else "")
@@ -171,7 +171,7 @@ class TrainingLoop:
                    f", vocabulary {inputs.vocab_size}, grid {inputs.grid_shape}, "
                    f"precision {self.precision.policy} ({self.precision.requested}: "
                    f"{self.precision.reason})")
-        self.say(f"{LOG} train split {inputs.data.cache_reason}")
+        self.say(f"train split {inputs.data.cache_reason}")
 
     def _build(self) -> None:
         """Model, optimizer, state and checkpoints; restores the latest checkpoint."""
@@ -199,7 +199,7 @@ class TrainingLoop:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
             self.resumed_from = int(self.state.step.numpy())
             # Logs count epochs from 1 (the state counts from 0), as EncoderTrainer does.
-            self.log(f"{LOG} resuming from step {self.resumed_from} (epoch "
+            self.log(f"resuming from step {self.resumed_from} (epoch "
                      f"{int(self.state.epoch.numpy()) + 1}, step "
                      f"{int(self.state.step_in_epoch.numpy())} of it): {latest}")
         if self.multi_worker:
@@ -218,7 +218,7 @@ class TrainingLoop:
         if self.tcfg.init_model:
             from components.trainer.model_setup import load_weights
             source = load_weights(self.model, self.tcfg.init_model)
-            self.say(f"{LOG} starting from the weights of {source}")
+            self.say(f"starting from the weights of {source}")
 
     def _open_outputs(self) -> None:
         """TensorBoard writer, validator and the best-model rule."""
@@ -257,7 +257,7 @@ class TrainingLoop:
                    disable=not self.chief, dynamic_ncols=True)
         stop_reason = "finished" if int(state.finished.numpy()) else ""
         if stop_reason:
-            self.say(f"{LOG} training finished in an earlier attempt; exporting its final state")
+            self.say(f"training finished in an earlier attempt; exporting its final state")
         try:
             while not stop_reason:
                 stop_reason = self._run_epoch(bar)
@@ -357,7 +357,7 @@ class TrainingLoop:
             metrics = self._validate()
             row.update(metrics)
             note = self._select_best(metrics[self.metric], epoch)
-            self.say(f"{LOG} epoch {epoch + 1}: loss {row['train_loss'] or float('nan'):.4f}, "
+            self.say(f"epoch {epoch + 1}: loss {row['train_loss'] or float('nan'):.4f}, "
                      + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
         if self.chief:
             checkpointing.append_history(self.phase_dir, row)

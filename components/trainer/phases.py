@@ -9,25 +9,21 @@ of SCST, and `scst` gets its start model and history from here.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Callable, Mapping
 
 from components.contract import config as config_lib
 from components.contract import precision as precision_lib
+from components.contract import stage_log
 from components.trainer import checkpointing, distribute
-from components.trainer.export import LOG, export
+from components.trainer.export import export
 from components.trainer.loop import LoopSetup, TrainingLoop, read_inputs
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
           work_dir: str, *, annotations_properties: Mapping | None = None,
           vocabulary_properties: Mapping | None = None,
-          log: Callable[[str], None] = _log) -> dict:
+          log: Callable[[str], None] = stage_log.logger("Trainer")) -> dict:
     """Trains the captioner with the custom distributed loop and writes the Model folder.
 
     Args:
@@ -84,7 +80,7 @@ def _run_phases(setup: LoopSetup, annotations_uri: str, output_uri: str):
                              history=scst.start_history(tcfg.init_model, setup.work_dir))
     loop = TrainingLoop(setup)
     stop_reason = loop.run()
-    loop.say(f"{LOG} stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
+    loop.say(f"stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
     if tcfg.objective == "xe":
         return loop.trained_run(output_uri)
     from components.trainer import scst

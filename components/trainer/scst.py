@@ -20,7 +20,6 @@ import os
 from components.contract import config as config_lib
 from components.contract import schema
 from components.trainer import checkpointing, summaries
-from components.trainer.export import LOG
 from components.trainer.loop import LoopSetup, TrainingLoop
 
 PHASE_DIR = "scst"
@@ -95,7 +94,7 @@ class ScstLoop(TrainingLoop):
 
     def _announce(self) -> None:
         tcfg = self.tcfg
-        self.say(f"{LOG} self-critical training (SCST): {tcfg.scst_samples} samples per image, "
+        self.say(f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
                  f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
                  f"{self.scorer.num_documents} training images, {self.scorer.num_keys} n-grams), "
                  f"captions up to {self.max_length} words, learning rate "
@@ -115,7 +114,7 @@ class ScstLoop(TrainingLoop):
         if not os.path.exists(self.start) and not self.chief:
             return  # a worker other than the chief gets the chief's weights
         load_weights(self.model, self.start)
-        self.say(f"{LOG} SCST starts from {self.start}")
+        self.say(f"SCST starts from {self.start}")
 
     def _open_outputs(self) -> None:
         super()._open_outputs()
@@ -142,7 +141,7 @@ class ScstLoop(TrainingLoop):
         target = distribute.write_dir(self.best_path, self.role)
         checkpointing.atomic_save(self.model, target)
         distribute.cleanup(target, self.role)
-        self.say(f"{LOG} SCST start: val CIDEr {cider:.4f} (greedy captions); an SCST epoch "
+        self.say(f"SCST start: val CIDEr {cider:.4f} (greedy captions); an SCST epoch "
                  "replaces the start model only by beating it")
         return cider
 
@@ -233,7 +232,7 @@ def run_scst(setup: LoopSetup, *, annotations_uri: str, output_uri: str, start: 
         if role.is_chief:
             write_start_record(loop.phase_dir, start, history, start_cider)
     stop_reason = loop.run()
-    say(f"{LOG} self-critical phase stopped at step {int(loop.state.step.numpy())}: "
+    say(f"self-critical phase stopped at step {int(loop.state.step.numpy())}: "
         f"{stop_reason}")
     return loop.trained_run(output_uri, xe_history=history)
 
@@ -252,7 +251,7 @@ def build_scorer(annotations_uri: str, vocab_size: int, log):
     references = train_data.read_references(schema.split_files(annotations_uri, "train"))
     scorer = CiderD.from_references(references, vocab_size)
     longest = max((len(r) for refs in references for r in refs), default=1)
-    log(f"{LOG} SCST reward: CIDEr-D with the document frequencies of {len(references)} training "
+    log(f"SCST reward: CIDEr-D with the document frequencies of {len(references)} training "
         f"images ({scorer.num_keys} distinct n-grams); longest reference {longest} words")
     return scorer, longest
 
@@ -266,13 +265,13 @@ def check_start(config, history: list[dict], stop_reason: str, log) -> None:
     """
     converged, reason = convergence(history, stop_reason)
     if converged:
-        log(f"{LOG} cross-entropy start point converged: {reason}")
+        log(f"cross-entropy start point converged: {reason}")
         return
     message = (f"SCST needs a converged cross-entropy model, but its {reason}; raise "
                "train.epochs (or train.patience), or set train.scst_require_converged=false")
     if config.train.scst_require_converged:
         raise NotConvergedError(message)
-    log(f"{LOG} warning: {message} (continuing: train.scst_require_converged=false)")
+    log(f"warning: {message} (continuing: train.scst_require_converged=false)")
 
 
 def write_start_record(phase_dir: str, start: str, history: list[dict],

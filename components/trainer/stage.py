@@ -17,13 +17,6 @@ import tempfile
 
 from components.trainer import distribute
 
-LOG = "[Trainer]"
-
-
-def _log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def _worker_command(ctx, config_path: str) -> str:
     return (f"TF_CONFIG='<this worker>' python -m components.trainer "
             f"--annotations {ctx.inputs['annotations'].uri} "
@@ -59,16 +52,16 @@ def run(ctx) -> dict:
                 f"this process is {role.task_type}:{role.task_id} of a multi_worker job; only "
                 "the chief runs the Trainer stage and publishes the Model. Start this worker "
                 "with: " + _worker_command(ctx, config_path))
-        _log(f"{LOG} multi_worker chief: start every other worker with\n  "
+        ctx.log(f"multi_worker chief: start every other worker with\n  "
              + _worker_command(ctx, config_path))
     if distribute.needs_fresh_process(tcfg):
-        _log(f"{LOG} TensorFlow already runs in this process; training in a child process "
+        ctx.log(f"TensorFlow already runs in this process; training in a child process "
              f"(train.strategy={tcfg.strategy}, cpu_logical_devices={tcfg.cpu_logical_devices})")
         return _run_child(annotations, vocabulary, config_path, out, ctx.work_dir)
     from components.trainer.phases import train
     return train(annotations.uri, vocabulary.uri, ctx.config, out, ctx.work_dir,
                  annotations_properties=annotations.properties,
-                 vocabulary_properties=vocabulary.properties)
+                 vocabulary_properties=vocabulary.properties, log=ctx.log)
 
 
 def _run_child(annotations, vocabulary, config_path, output_uri, work_dir) -> dict:

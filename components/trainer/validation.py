@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from components.contract.config import EARLY_STOPPING_METRICS as METRICS
+from components.contract.scoring import nonempty
 from models.text import decode
 
 # Validation images whose attention maps go to TensorBoard.
@@ -105,7 +106,7 @@ class Validator:
     def _greedy_and_references(self):
         hyps = self.captions()
         gts = {i: list(refs) for i, refs in enumerate(self.eval_set.references)}
-        res = {i: [h if h else "<unk>"] for i, h in enumerate(hyps)}
+        res = {i: [nonempty(h)] for i, h in enumerate(hyps)}
         return gts, res
 
     def bleu4(self) -> float:

@@ -131,9 +131,9 @@ def test_a_baseline_exported_with_other_decoding_is_exported_again(tmp_path, mon
         "encoder_uri": "e", "vocabulary_uri": "v"})
     exported = []
 
-    def fake_export(path, model_uri, encoder_uri, vocabulary_uri, decoding, *args, **kwargs):
+    def fake_export(path, sources, *args, **kwargs):
         from tests.serving.fixtures import build_fixture_model
-        exported.append((model_uri, decoding))
+        exported.append((sources.model_uri, sources.decoding))
         build_fixture_model(path, noun="circle")
     monkeypatch.setattr(evaluator, "export", fake_export)
     result, _ = _evaluate(tmp_path, monkeypatch, candidate, baseline=baseline)

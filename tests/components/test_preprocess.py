@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components.preprocess import beam_utils, stage as preprocess
+from components.preprocess import beam_utils, transforms
+from components.preprocess import stage as preprocess
 from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
 from components.contract.raw_example import RawExample
@@ -95,17 +96,19 @@ def artifacts(tmp_path_factory):
     with tf.io.TFRecordWriter(os.path.join(examples_uri, "val",
                                            "examples-bad-00000.tfrecord")) as w:
         w.write(_bad_record(NO_IMAGE_ID, with_image=False))
-    write_artifact_json(examples_uri, type="Examples", producer="ExampleGen", execution_id=1,
-                        fingerprint="ex", inputs={}, config={}, counts=counts,
-                        properties={"has_boxes": True, "source": "synthetic"})
+    write_artifact_json(Artifact(type="Examples", uri=examples_uri, producer="ExampleGen",
+                                 execution_id=1, fingerprint="ex", inputs={}, counts=counts,
+                                 properties={"has_boxes": True, "source": "synthetic"}),
+                        config={})
     encoder_uri = str(root / "EncoderTrainer" / "2" / "encoder")
     os.makedirs(encoder_uri)
     encoder = build_encoder("small_cnn", image_size=IMAGE_SIZE, width=WIDTH, grid_size=GRID)
     encoder.save(os.path.join(encoder_uri, "encoder.keras"))
     grid_shape = [int(v) for v in encoder.output_shape[1:]]
-    write_artifact_json(encoder_uri, type="Encoder", producer="EncoderTrainer", execution_id=2,
-                        fingerprint="enc", inputs={}, config={}, counts={},
-                        properties={"image_size": IMAGE_SIZE, "grid_shape": grid_shape})
+    write_artifact_json(Artifact(type="Encoder", uri=encoder_uri, producer="EncoderTrainer",
+                                 execution_id=2, fingerprint="enc", inputs={}, counts={},
+                                 properties={"image_size": IMAGE_SIZE, "grid_shape": grid_shape}),
+                        config={})
     return {"root": root, "examples": Artifact.load(examples_uri, "Examples"),
             "encoder": Artifact.load(encoder_uri, "Encoder"), "model": encoder,
             "grid_shape": grid_shape}
@@ -257,13 +260,13 @@ def test_vocabulary_from_train_split_only(in_process):
 
 def test_build_vocabulary_min_count_max_size_and_ties():
     counts = {"b": 2, "a": 2, "c": 5, "d": 1}
-    assert preprocess.build_vocabulary(counts) == [*text.RESERVED, "c", "a", "b", "d"]
-    assert preprocess.build_vocabulary(counts, min_count=2) == [*text.RESERVED, "c", "a", "b"]
-    assert preprocess.build_vocabulary(counts, max_size=6) == [*text.RESERVED, "c", "a"]
+    assert transforms.build_vocabulary(counts) == [*text.RESERVED, "c", "a", "b", "d"]
+    assert transforms.build_vocabulary(counts, min_count=2) == [*text.RESERVED, "c", "a", "b"]
+    assert transforms.build_vocabulary(counts, max_size=6) == [*text.RESERVED, "c", "a"]
 
 
 def test_word_counts_combine_fn_merges():
-    fn = preprocess.WordCounts()
+    fn = transforms.WordCounts()
     a = fn.add_input(fn.create_accumulator(), ["x", "y", "x"])
     b = fn.add_input(fn.create_accumulator(), ["y"])
     assert fn.extract_output(fn.merge_accumulators([a, b])) == {"x": 2, "y": 2}

@@ -79,15 +79,18 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
         for w in writers:
             w.close()
         counts[split] = n
-    write_artifact_json(annotations, type="Annotations", producer="Preprocess", execution_id=1,
-                        fingerprint="tiny-annotations", inputs={}, config={}, counts=counts,
-                        properties={"grid_shape": list(GRID), "num_records": counts})
+    write_artifact_json(Artifact(type="Annotations", uri=annotations, producer="Preprocess",
+                                 execution_id=1, fingerprint="tiny-annotations", inputs={},
+                                 counts=counts,
+                                 properties={"grid_shape": list(GRID), "num_records": counts}),
+                        config={})
     os.makedirs(vocabulary, exist_ok=True)
     with open(os.path.join(vocabulary, schema.VOCAB_FILE), "w") as f:
         f.write(schema.vocabulary_text(vocab))
-    write_artifact_json(vocabulary, type="Vocabulary", producer="Preprocess", execution_id=1,
-                        fingerprint="tiny-vocabulary", inputs={}, config={},
-                        counts={"vocab_size": len(vocab)}, properties={"size": len(vocab)})
+    write_artifact_json(Artifact(type="Vocabulary", uri=vocabulary, producer="Preprocess",
+                                 execution_id=1, fingerprint="tiny-vocabulary", inputs={},
+                                 counts={"vocab_size": len(vocab)},
+                                 properties={"size": len(vocab)}), config={})
     return annotations, vocabulary
 
 

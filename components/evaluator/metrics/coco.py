@@ -23,6 +23,7 @@ import tempfile
 import warnings
 from typing import Callable, Hashable, Mapping, Sequence
 
+from components.contract.scoring import EMPTY_CAPTION, nonempty
 from models.text import normalize
 
 
@@ -31,9 +32,6 @@ SCORING_STEPS = ("tokenize", "Bleu", "ROUGE_L", "CIDEr", "METEOR")
 METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
 SPICE_NOTE = ("SPICE not computed: it needs Stanford CoreNLP models downloaded at run "
               "time (pycocoevalcap/spice/get_stanford_models.py).")
-# Stands in for an empty caption, so the line-based tokenizer stays aligned
-# and ROUGE-L does not divide by zero; it matches no reference word.
-_EMPTY = "emptycaption"
 
 
 def coco_metrics(predictions: Mapping[Hashable, str],
@@ -70,10 +68,6 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     Raises:
       ValueError: no predictions, or a prediction without references.
     """
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.rouge.rouge import Rouge
-
     if not predictions:
         raise ValueError("no predictions to score")
     missing = [k for k in predictions if not references.get(k)]
@@ -86,21 +80,26 @@ def coco_metrics(predictions: Mapping[Hashable, str],
         if not use_java:
             _warn(notes, "Java not found: METEOR skipped, PTB tokenizer replaced by "
                          "simple tokenization (lowercase, punctuation stripped).")
-    res = {i: [_nonempty(predictions[i])] for i in ids}
-    gts = {i: [_nonempty(r) for r in references[i]] for i in ids}
-    tokenizer = "simple"
     step = progress or (lambda name: None)
-    if use_java:
-        step("tokenize")
-        try:
-            res, gts = _ptb_tokenize(res), _ptb_tokenize(gts)
-            tokenizer = "ptb"
-        except Exception as e:  # noqa: BLE001 - any tokenizer failure falls back
-            _warn(notes, f"PTB tokenizer failed ({e}); using simple tokenization.")
-    if tokenizer == "simple":
-        res = {i: [_simple(c) for c in cs] for i, cs in res.items()}
-        gts = {i: [_simple(c) for c in cs] for i, cs in gts.items()}
+    res, gts, tokenizer = _tokenize({i: [nonempty(predictions[i])] for i in ids},
+                                    {i: [nonempty(r) for r in references[i]] for i in ids},
+                                    use_java, notes, step)
+    out, scores, meteor_stats = _score(gts, res, use_java, notes, step)
+    out.update(num_images=len(ids), tokenizer=tokenizer, notes=notes)
+    if per_image:
+        out["per_image"] = {i: {k: v[j] for k, v in scores.items()} for j, i in enumerate(ids)}
+    if details:
+        out["tokenized"] = {i: {"caption": res[i][0], "references": list(gts[i])} for i in ids}
+        out["meteor_stats"] = meteor_stats
+    return out
 
+
+def _score(gts: dict, res: dict, use_java: bool, notes: list[str],
+           step: Callable[[str], None]) -> tuple[dict, dict, list | None]:
+    """`(corpus scores, per-image scores, METEOR statistics or None)` of tokenized captions."""
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
     out: dict = {k: None for k in METRIC_KEYS}
     scores: dict[str, list[float]] = {}
     meteor_stats = None
@@ -124,13 +123,20 @@ def coco_metrics(predictions: Mapping[Hashable, str],
             _warn(notes, f"METEOR failed ({type(e).__name__}: {e}); METEOR is None.")
     elif "Java not found" not in " ".join(notes):
         notes.append("METEOR skipped (use_java=False).")
-    out.update(num_images=len(ids), tokenizer=tokenizer, notes=notes)
-    if per_image:
-        out["per_image"] = {i: {k: v[j] for k, v in scores.items()} for j, i in enumerate(ids)}
-    if details:
-        out["tokenized"] = {i: {"caption": res[i][0], "references": list(gts[i])} for i in ids}
-        out["meteor_stats"] = meteor_stats
-    return out
+    return out, scores, meteor_stats
+
+
+def _tokenize(res: dict, gts: dict, use_java: bool, notes: list[str],
+              step: Callable[[str], None]) -> tuple[dict, dict, str]:
+    """`(captions, references, tokenizer)`: PTB-tokenized with Java, else simply tokenized."""
+    if use_java:
+        step("tokenize")
+        try:
+            return _ptb_tokenize(res), _ptb_tokenize(gts), "ptb"
+        except Exception as e:  # noqa: BLE001 - any tokenizer failure falls back
+            _warn(notes, f"PTB tokenizer failed ({e}); using simple tokenization.")
+    return ({i: [_simple(c) for c in cs] for i, cs in res.items()},
+            {i: [_simple(c) for c in cs] for i, cs in gts.items()}, "simple")
 
 
 def _warn(notes: list[str], message: str) -> None:
@@ -139,15 +145,9 @@ def _warn(notes: list[str], message: str) -> None:
     notes.append(message)
 
 
-def _nonempty(caption: str) -> str:
-    """One line of text, `_EMPTY` for a blank caption."""
-    caption = " ".join(str(caption).split())
-    return caption if caption else _EMPTY
-
-
 def _simple(caption: str) -> str:
     """The fallback tokenizer: `models.text.normalize`, joined by spaces."""
-    return " ".join(normalize(caption)) or _EMPTY
+    return " ".join(normalize(caption)) or EMPTY_CAPTION
 
 
 def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[str]]:
@@ -178,7 +178,7 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
     tokenized: dict[Hashable, list[str]] = {k: [] for k in captions}
     for k, line in zip(keys, out_lines):
         words = [w for w in line.rstrip().split(" ") if w and w not in ptbtokenizer.PUNCTUATIONS]
-        tokenized[k].append(" ".join(words) or _EMPTY)
+        tokenized[k].append(" ".join(words) or EMPTY_CAPTION)
     return tokenized
 
 
