@@ -49,10 +49,7 @@ def block_image(size: int = 96) -> bytes:
 
 def shapes_image() -> bytes:
     """A 64x64 image of the demo's synthetic shapes data (index 7999, not a training one)."""
-    try:
-        from components.synthetic.shapes import make_example
-    except ImportError:  # the module's earlier home
-        from components.sources.synthetic import make_example
+    from components.synthetic.shapes import make_example
     return make_example(7999, image_size=64).image_bytes
 
 
