@@ -448,7 +448,8 @@ def test_enospc_at_each_write_point_fails_clearly_and_publishes_nothing(
         real = getattr(runner_mod, where)
 
         def failing(path, *args, **kwargs):
-            target = os.path.join(path, "artifact.json") if where == "write_artifact_json" \
+            # write_artifact_json gets the Artifact (its folder is `.uri`), fsync_tree a path.
+            target = os.path.join(path.uri, "artifact.json") if where == "write_artifact_json" \
                 else path
             if f"{os.sep}B{os.sep}" in target:
                 seen_path.append(target)
