@@ -25,6 +25,7 @@ neither scored nor blessed.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import io
 import json
@@ -41,7 +42,7 @@ from components.contract.config import REPORTED_METRICS
 from components.contract.export_model import ExportSources, decoding_settings, export
 from components.evaluator.metrics.blessing import blessing_decision, format_rows
 from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_bootstrap
-from components.evaluator.metrics.coco import SCORING_STEPS
+from components.evaluator.metrics.coco import SCORING_STEPS, start_meteor
 from components.evaluator.metrics.endings import ending_metrics
 from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
 from components.evaluator.split_readers import iter_example_batches, read_images
@@ -133,7 +134,7 @@ class CaptionedSplit:
         return {r["image_id"]: r["references"] for r in self.rows}
 
 
-def score(split: CaptionedSplit, progress=None) -> dict:
+def score(split: CaptionedSplit, progress=None, meteor=None) -> dict:
     """The toolkit's metrics, grounding and the end-of-caption check of one model's captions.
 
     Keeps each image's share of the corpus scores in `split.stats`, for the
@@ -143,7 +144,8 @@ def score(split: CaptionedSplit, progress=None) -> dict:
       The metrics dict, with `notes`.
     """
     split.stats = image_stats(split.predictions(), split.references(),
-                              grounding=split.grounding or None, progress=progress)
+                              grounding=split.grounding or None, progress=progress,
+                              meteor=meteor)
     metrics = dict(split.stats.metrics)
     if split.grounding:
         metrics.update(merge_grounding(list(split.grounding.values())))
@@ -271,10 +273,10 @@ def _scoring_bar(total_steps: int, label: str):
     return bar, step
 
 
-def _score_with_bar(split: CaptionedSplit, label: str) -> dict:
+def _score_with_bar(split: CaptionedSplit, label: str, meteor=None) -> dict:
     bar, step = _scoring_bar(len(SCORING_STEPS) - (0 if shutil.which("java") else 2), label)
     with bar:
-        metrics = score(split, progress=step)
+        metrics = score(split, progress=step, meteor=meteor)
         bar.update(bar.total - bar.n)
     return metrics
 
@@ -316,15 +318,17 @@ def run(ctx) -> dict:
         notes += [note] if note else []
         reference = CaptionedSplit(ServedFunction(path), cfg.batch_size)
     figures = FigureKeeper(cfg.num_figures)
-    notes += _caption_test_split(ctx, candidate, reference, figures)
-    ctx.log(f"captioned {len(candidate.rows)} test images through serving_default in "
-            f"{candidate.seconds:.1f}s (beam {decoding['beam_size']}, "
-            f"{candidate.request_size} image(s) per call)"
-            + (f"; the baseline in {reference.seconds:.1f}s" if reference else ""))
-    metrics = _score_with_bar(candidate, "Evaluator scoring")
-    notes = metrics.pop("notes", []) + notes
-    baseline_metrics = _score_with_bar(reference, "Evaluator scoring baseline") \
-        if reference is not None else None
+    # METEOR's jar loads its tables while the test images are captioned, once for both.
+    with start_meteor() or contextlib.nullcontext() as meteor:
+        notes += _caption_test_split(ctx, candidate, reference, figures)
+        ctx.log(f"captioned {len(candidate.rows)} test images through serving_default in "
+                f"{candidate.seconds:.1f}s (beam {decoding['beam_size']}, "
+                f"{candidate.request_size} image(s) per call)"
+                + (f"; the baseline in {reference.seconds:.1f}s" if reference else ""))
+        metrics = _score_with_bar(candidate, "Evaluator scoring", meteor)
+        notes = metrics.pop("notes", []) + notes
+        baseline_metrics = _score_with_bar(reference, "Evaluator scoring baseline", meteor) \
+            if reference is not None else None
 
     compared = (paired_bootstrap(candidate.stats, reference.stats, **BOOTSTRAP)
                 if reference is not None else None)

@@ -90,3 +90,20 @@ def test_java_path_ptb_tokenizer_and_meteor():
     assert 0.0 < m["METEOR"] <= 1.0
     assert m["per_image"]["p"]["METEOR"] > m["per_image"]["c"]["METEOR"] > 0
     assert m["SPICE"] is None
+
+
+@pytest.mark.slow  # three METEOR jar loads
+def test_one_meteor_jar_scores_two_caption_sets_as_fresh_processes_do():
+    require_tool("java", "METEOR (a blessing metric)")
+    preds = {**CAT[0], **CIRCLE[0]}
+    refs = {**CAT[1], **CIRCLE[1]}
+    other = {k: "a small blue square" for k in preds}
+    fresh = [coco_metrics(p, refs, details=True) for p in (preds, other)]
+    with coco.start_meteor() as jar:
+        shared = [coco_metrics(p, refs, details=True, meteor=jar) for p in (preds, other)]
+        assert jar._meteor.meteor_p.poll() is None  # still open for the next set
+    assert jar._meteor.meteor_p.poll() is not None  # closed on leaving the block
+    for a, b in zip(fresh, shared):
+        assert b["METEOR"] == pytest.approx(a["METEOR"], abs=1e-9)
+        assert b["meteor_stats"] == a["meteor_stats"]
+    assert shared[0]["METEOR"] > shared[1]["METEOR"]

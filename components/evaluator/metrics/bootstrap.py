@@ -196,7 +196,8 @@ def image_stats(predictions: Mapping[Hashable, str],
                 references: Mapping[Hashable, Sequence[str]], *,
                 grounding: Mapping[Hashable, Sequence[int]] | None = None,
                 use_java: bool | None = None,
-                progress: Callable[[str], None] | None = None) -> ImageStats:
+                progress: Callable[[str], None] | None = None,
+                meteor=None) -> ImageStats:
     """Scores one model's captions once and keeps the per-image statistics.
 
     Args:
@@ -207,7 +208,7 @@ def image_stats(predictions: Mapping[Hashable, str],
         `grounding_metrics`), for the images with object boxes; the others
         count for no grounding metric, as with `merge_grounding` of the
         boxed images alone. None when the data has no boxes.
-      use_java, progress: as for `coco_metrics`.
+      use_java, progress, meteor: as for `coco_metrics`.
     Returns:
       `ImageStats` in `predictions` order; its ``metrics`` are the
       toolkit's full-set scores.
@@ -216,7 +217,7 @@ def image_stats(predictions: Mapping[Hashable, str],
     """
     from components.evaluator.metrics.coco import coco_metrics
     coco = coco_metrics(predictions, references, use_java=use_java, per_image=True,
-                        details=True, progress=progress)
+                        details=True, progress=progress, meteor=meteor)
     ids = tuple(predictions)
     tokenized, per_image = coco["tokenized"], coco["per_image"]
     bleu = np.stack([bleu_stats(tokenized[i]["caption"], tokenized[i]["references"])

@@ -39,7 +39,8 @@ def coco_metrics(predictions: Mapping[Hashable, str],
                  *, use_java: bool | None = None,
                  per_image: bool = False,
                  details: bool = False,
-                 progress: Callable[[str], None] | None = None) -> dict:
+                 progress: Callable[[str], None] | None = None,
+                 meteor: "MeteorJar | None" = None) -> dict:
     """Scores generated captions against references with the coco-caption toolkit.
 
     Args:
@@ -58,6 +59,8 @@ def coco_metrics(predictions: Mapping[Hashable, str],
         METEOR was not computed.
       progress: called with each scoring step's name before it runs
         (`SCORING_STEPS`; METEOR and the tokenizer only with Java).
+      meteor: a started `MeteorJar` to score METEOR in (it stays open);
+        None: a METEOR process of its own, shut down after.
     Returns:
       ``{"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE": float or
       None, "num_images": int, "tokenizer": "ptb" | "simple", "notes": [str]}``
@@ -84,7 +87,7 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     res, gts, tokenizer = _tokenize({i: [nonempty(predictions[i])] for i in ids},
                                     {i: [nonempty(r) for r in references[i]] for i in ids},
                                     use_java, notes, step)
-    out, scores, meteor_stats = _score(gts, res, use_java, notes, step)
+    out, scores, meteor_stats = _score(gts, res, use_java, notes, step, meteor)
     out.update(num_images=len(ids), tokenizer=tokenizer, notes=notes)
     if per_image:
         out["per_image"] = {i: {k: v[j] for k, v in scores.items()} for j, i in enumerate(ids)}
@@ -95,7 +98,8 @@ def coco_metrics(predictions: Mapping[Hashable, str],
 
 
 def _score(gts: dict, res: dict, use_java: bool, notes: list[str],
-           step: Callable[[str], None]) -> tuple[dict, dict, list | None]:
+           step: Callable[[str], None],
+           jar: "MeteorJar | None" = None) -> tuple[dict, dict, list | None]:
     """`(corpus scores, per-image scores, METEOR statistics or None)` of tokenized captions."""
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
@@ -117,7 +121,7 @@ def _score(gts: dict, res: dict, use_java: bool, notes: list[str],
     if use_java:
         step("METEOR")
         try:
-            meteor, meteor_each, meteor_stats = _meteor(gts, res)
+            meteor, meteor_each, meteor_stats = _meteor(gts, res, jar)
             out["METEOR"], scores["METEOR"] = meteor, meteor_each
         except Exception as e:  # noqa: BLE001 - METEOR is optional, never fatal
             _warn(notes, f"METEOR failed ({type(e).__name__}: {e}); METEOR is None.")
@@ -182,29 +186,60 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
     return tokenized
 
 
-def _meteor(gts, res) -> tuple[float, list[float], dict]:
-    """The toolkit's METEOR 1.5, with its Java process always shut down.
+class MeteorJar:
+    """The toolkit's METEOR 1.5 jar as one process, started now and reused.
 
-    Returns:
-      (corpus score, per-image scores, id -> the image's statistics line).
+    Loading the jar's paraphrase tables is most of METEOR's cost (tens of
+    seconds on 2 cores). Start it before the captions exist, so it loads
+    while they are generated, and score several caption sets with it (a
+    candidate and its baseline); `close` (or `with`) ends the process.
     """
-    from pycocoevalcap.meteor.meteor import Meteor
 
-    meteor = Meteor()
-    lines: list[str] = []
-    stat = meteor._stat
+    def __init__(self):
+        from pycocoevalcap.meteor.meteor import Meteor
+        self._meteor = Meteor()  # Popen: the JVM starts loading in the background
 
-    def keep(hypothesis, references):  # compute_score asks one line per image, in gts order
-        lines.append(stat(hypothesis, references))
-        return lines[-1]
-    meteor._stat = keep
-    try:
-        score, each = meteor.compute_score(gts, res)
-    finally:
-        proc = meteor.meteor_p
+    def score(self, gts: dict, res: dict) -> tuple[float, list[float], dict]:
+        """`(corpus score, per-image scores, id -> the image's statistics line)`."""
+        stats = {i: self._meteor._stat(res[i][0], gts[i]) for i in gts}
+        proc = self._meteor.meteor_p
+        proc.stdin.write(("EVAL ||| " + " ||| ".join(stats.values()) + "\n").encode())
+        proc.stdin.flush()
+        each = [float(proc.stdout.readline().strip()) for _ in stats]
+        return float(proc.stdout.readline().strip()), each, stats
+
+    def close(self) -> None:
+        proc = self._meteor.meteor_p
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream:
                 stream.close()
         proc.kill()
         proc.wait()
-    return float(score), [float(s) for s in each], dict(zip(gts, lines))
+
+    def __enter__(self) -> "MeteorJar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_meteor() -> "MeteorJar | None":
+    """A started `MeteorJar` where Java is on the PATH, else None."""
+    if shutil.which("java") is None:
+        return None
+    try:
+        return MeteorJar()
+    except OSError:
+        return None
+
+
+def _meteor(gts, res, jar: "MeteorJar | None" = None) -> tuple[float, list[float], dict]:
+    """The toolkit's METEOR 1.5 in `jar`, or in a process of its own shut down after.
+
+    Returns:
+      (corpus score, per-image scores, id -> the image's statistics line).
+    """
+    if jar is not None:
+        return jar.score(gts, res)
+    with MeteorJar() as own:
+        return own.score(gts, res)
