@@ -293,8 +293,8 @@ def distributions(result: beam.runners.runner.PipelineResult,
     return totals
 
 
-def wait_with_progress(result, report: Callable[[], Optional[str]], interval: float = 15.0,
-                       log: Callable[[str], None] | None = None) -> str:
+def wait_with_progress(result, report: Callable[[], Optional[str]], log: Callable[[str], None],
+                       interval: float = 15.0) -> str:
     """Waits for a pipeline, logging `report()` every `interval` seconds meanwhile.
 
     Runners that run synchronously (the in-process DirectRunner) are already
@@ -305,7 +305,6 @@ def wait_with_progress(result, report: Callable[[], Optional[str]], interval: fl
       The final pipeline state.
     """
     from apache_beam.runners.runner import PipelineState
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     if PipelineState.is_terminal(result.state):
         return result.state
     stop = threading.Event()

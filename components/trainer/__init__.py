@@ -13,7 +13,11 @@ One job per module:
 |---|---|
 | `stage` | the stage entry `run(ctx)` (no TensorFlow at import; may train in a child process) |
 | `worker` | `python -m components.trainer`: multi-worker workers and child processes |
-| `loop` | `train`: the epochs, validation, best model, early stopping, resume |
+| `phases` | `train`: the run's setup, the cross-entropy phase, then SCST, then the export |
+| `loop` | one phase: the epochs, validation, best model, early stopping, resume |
+| `scst`, `scst_step` | the self-critical phase (`train.objective=scst`) and its step |
+| `train_data` | the input pipeline: batches, length buckets, the cache, validation images |
+| `distribute` | the `tf.distribute` strategies and the cluster role |
 | `step` | the distributed step: loss re-weighting, all-reduce, clipping, update |
 | `model_setup` | the model, learning-rate schedule and optimizer from the config |
 | `validation` | validation loss, BLEU-4, attention maps, the best-model rule |
