@@ -28,7 +28,6 @@ ALLOWED = {
     "models/show_attend_tell.py:ShowAttendTell._step",
     "models/encoder.py:build_encoder",
     # being split
-    "benchmarks/serving.py:main",
     "benchmarks/train_step.py:model_flops",
     "benchmarks/train_step.py:main",
 }
