@@ -103,8 +103,10 @@ def _cmd_inspect(args) -> int:
     info = inspect(args.root, verify=args.verify)
     # With --verify, a damaged artifact makes the exit status 1 (for scripts and CI).
     status = 1 if info.get("verify", {}).get("damaged") else 0
+    from components.evaluator.report_page import report_of
     for x in info["executions"]:
         x.update(_blessing_of(x))
+        x["outputs"] = [dict(o, **report_of(o)) for o in x["outputs"]]  # an Evaluation's page
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return status
@@ -122,7 +124,7 @@ def _cmd_inspect(args) -> int:
                 f"  [DAMAGED: {check['problem']}]" if check["status"] == "damaged"
                 else f"  [{check['status']}]")
             print(f"       -> {e['name']:13s} {e['type']:12s} #{e['artifact_id']} {e['uri']}"
-                  + shown)
+                  + shown + (f"\n          report: {e['report']}" if "report" in e else ""))
         if "blessing" in x:
             _print_blessing(x["blessing"])
         if x["counts"]:

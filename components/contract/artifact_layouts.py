@@ -109,7 +109,10 @@ ARTIFACT_LAYOUTS = (
          ("captions.jsonl", "one caption per test image, as `serving_default` returned it, "
                             "with its score and references"),
          ("baseline_captions.jsonl", "the same for the baseline (when there is one)"),
-         ("figures/index.html", "attention figures (PNGs beside it)")),
+         ("figures/index.html", "attention figures (PNGs beside it)"),
+         ("report.html", "the whole Evaluation as one self-contained page (verdict, metrics, "
+                         "the comparison, grounding, dangling endings, the figures embedded); "
+                         "`captioner inspect` prints its path")),
         notes="`properties`: the `metrics`, the `decoding` and `export_digest` of the "
               "ServingModel they were measured on (the Pusher publishes only that digest), "
               "`baseline` (its ServingModel, digest and metrics, measured in the same run on "

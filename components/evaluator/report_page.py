@@ -287,3 +287,9 @@ def _figures(figures_dir: str, captions: Sequence[Mapping]) -> list:
         out.append({"image_id": image_id, "png": png, "caption": row.get("caption", ""),
                     "references": row.get("references") or []})
     return out
+
+
+def report_of(output: Mapping) -> dict:
+    """`{"report": path}` for an Evaluation artifact holding its page, else `{}` (inspect)."""
+    path = os.path.join(str(output.get("uri", "")), REPORT_FILE)
+    return {"report": path} if output.get("type") == "Evaluation" and os.path.isfile(path) else {}

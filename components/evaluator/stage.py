@@ -45,6 +45,7 @@ from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_
 from components.evaluator.metrics.coco import SCORING_STEPS, start_meteor
 from components.evaluator.metrics.endings import ending_metrics
 from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
+from components.evaluator.report_page import REPORT_FILE, write_report
 from components.evaluator.split_readers import iter_example_batches, read_images
 
 # The paired bootstrap's settings, recorded with the comparison.
@@ -347,12 +348,14 @@ def run(ctx) -> dict:
                 "comparison": comparison, "bootstrap": BOOTSTRAP if reference else None,
                 "baseline": baseline_info, **common}
     _write_blessing(ctx.outputs["blessing"], blessing)
+    write_report(ctx.outputs["evaluation"], blessing)  # report.html: the Evaluation as one page
     _log_results(ctx.log, metrics, comparison if reference is not None else None, blessing)
     return {
         "evaluation": {"counts": {"test_images": len(candidate.rows), "figures": len(drawn)},
                        "properties": {"metrics": _public(metrics), "notes": notes,
                                       "baseline": baseline_info, "comparison": comparison,
-                                      "figures_index": "figures/index.html", **common}},
+                                      "figures_index": "figures/index.html",
+                                      "report": REPORT_FILE, **common}},
         "blessing": {"properties": blessing},
     }
 
@@ -438,6 +441,7 @@ def _not_servable(ctx, infra: dict, common: dict) -> dict:
     with open(os.path.join(ctx.outputs["evaluation"], "metrics.json"), "w") as f:
         json.dump({"metrics": {}, "notes": [reason]}, f, indent=2)
     _write_blessing(ctx.outputs["blessing"], blessing)
+    write_report(ctx.outputs["evaluation"], blessing)
     ctx.log(f"NOT_BLESSED: {reason}")
     return {"evaluation": {"counts": {"test_images": 0, "figures": 0},
                            "properties": {"metrics": {}, "notes": [reason], "comparison": [],

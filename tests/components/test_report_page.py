@@ -109,3 +109,53 @@ def test_written_atomically_and_rewritten(tmp_path):
     assert sorted(os.listdir(folder)) == ["captions.jsonl", "figures", "metrics.json",
                                           REPORT_FILE]
     assert "NOT BLESSED" not in open(os.path.join(folder, REPORT_FILE)).read()
+
+
+def test_the_evaluator_writes_the_page(tmp_path, monkeypatch):
+    from tests.components.test_evaluator import _evaluate, _serving_model
+    good, bad = _serving_model(tmp_path, "image"), _serving_model(tmp_path, "square")
+    result, outputs = _evaluate(tmp_path, monkeypatch, bad, baseline=good)
+    properties = result["evaluation"]["properties"]
+    assert properties["report"] == REPORT_FILE
+    page = open(os.path.join(outputs["evaluation"], REPORT_FILE), encoding="utf-8").read()
+    for name in ("Bleu_4", "CIDEr"):
+        assert f"{properties['metrics'][name]:.4f}" in page, name
+        assert f"{properties['baseline']['metrics'][name]:.4f}" in page, name
+    assert "NOT BLESSED" in page and "Candidate vs baseline" in page
+    assert '<td class="fail">fail' in page
+    assert not re.search(r"https?://", page)
+    figures = [n for n in os.listdir(os.path.join(outputs["evaluation"], "figures"))
+               if n.endswith(".png")]
+    assert figures and page.count('src="data:image/png;base64,') == len(figures)
+
+
+def test_inspect_prints_the_page_of_each_evaluation(tmp_path, monkeypatch, capsys):
+    import argparse
+    import pipeline.runner
+    from pipeline import cli
+
+    with_page, without = evaluation(tmp_path), tmp_path / "older"
+    write_report(with_page, BLESSING)
+    without.mkdir()
+    outputs = [{"name": "evaluation", "type": "Evaluation", "artifact_id": 7, "uri": with_page},
+               {"name": "evaluation", "type": "Evaluation", "artifact_id": 8,
+                "uri": str(without)},
+               {"name": "model", "type": "Model", "artifact_id": 9, "uri": with_page}]
+    execution = {"id": 3, "stage": "Evaluator", "state": "complete", "reused_execution": None,
+                 "started": "2026-11-27 07:00:00", "seconds": 1.0, "fingerprint": "f",
+                 "inputs": [], "outputs": outputs, "counts": {}, "error": None}
+    monkeypatch.setattr(pipeline.runner, "inspect",
+                        lambda root, verify=False: {"root": root, "executions": [execution]})
+    cli._cmd_inspect(argparse.Namespace(root=str(tmp_path), json=False, verify=False))
+    shown = capsys.readouterr().out
+    assert shown.count("report: ") == 1
+    assert f"report: {os.path.join(with_page, REPORT_FILE)}" in shown
+
+
+def test_a_model_that_could_not_be_served_gets_a_page_with_the_reason(tmp_path):
+    reason = "infra validation: TF Serving could not serve this model: the graph calls Python"
+    (tmp_path / "metrics.json").write_text(json.dumps({"metrics": {}, "notes": [reason]}))
+    page = open(write_report(str(tmp_path), {"blessed": False, "reasons": [reason]}),
+                encoding="utf-8").read()
+    assert "NOT BLESSED" in page and page.count(reason) == 2  # the reason and the note
+    assert "Caption metrics" not in page and "Attention figures" not in page
