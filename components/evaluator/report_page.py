@@ -27,6 +27,8 @@ REPORT_FILE = "report.html"
 MAX_DANGLING_EXAMPLES = 12
 DESCRIPTIONS = {
     "Bleu_1": "unigram precision with a brevity penalty (coco-caption)",
+    "Bleu_2": "bigram precision with a brevity penalty (coco-caption)",
+    "Bleu_3": "trigram precision with a brevity penalty (coco-caption)",
     "Bleu_4": "4-gram precision with a brevity penalty (coco-caption)",
     "METEOR": "unigram matches with stems and synonyms (needs Java)",
     "ROUGE_L": "longest common subsequence F-measure",
