@@ -42,7 +42,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from benchmarks.results import write_result  # noqa: E402
+from benchmarks.results import cpuinfo, write_result  # noqa: E402
 from serving.decode_work import estimate  # noqa: E402
 from serving.flags import DEFAULTS  # noqa: E402
 from serving.image_headers import ImageHeaderError, check_pixels, probe_image  # noqa: E402
@@ -55,18 +55,8 @@ ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni
 
 def cpu_info() -> Dict[str, object]:
     """The CPU model, cores and the SIMD flags that matter to the decoders."""
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown":
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return {"model": model, "cores": len(os.sched_getaffinity(0)),
+    model, flags = cpuinfo()
+    return {"model": model or "unknown", "cores": len(os.sched_getaffinity(0)),
             "flags": [f for f in ISA_FLAGS if f in flags]}
 
 

@@ -51,7 +51,7 @@ ENV_DIR = "BENCHMARK_RESULTS_DIR"
 HOST_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx")
 
 
-def _cpuinfo() -> tuple[str, set]:
+def cpuinfo() -> tuple[str, set]:
     """The CPU model name and flag set of /proc/cpuinfo (platform's processor where absent)."""
     model, flags = "", set()
     try:
@@ -82,7 +82,7 @@ def host_tag(cpu: str, cores: int, flags: Mapping[str, bool]) -> str:
 
 def host() -> Dict[str, Any]:
     """The host a benchmark ran on: CPU model, usable cores, the flags of `HOST_FLAGS`, tag."""
-    cpu, flags = _cpuinfo()
+    cpu, flags = cpuinfo()
     present = {"avx2": "avx2" in flags, "avx512f": "avx512f" in flags,
                "avx512_bf16": "avx512_bf16" in flags,
                "amx": bool({"amx_tile", "amx_bf16"} & flags)}
