@@ -114,7 +114,7 @@ def main(argv=None) -> dict:
                 embedded = tf.repeat(model.embedding(prev), regions, 0)
                 # In the model's compute dtype (bfloat16 for a mixed_bfloat16 model).
                 single = tf.cast(a[0], model.compute_dtype)             # (L, D)
-                if model._gated:
+                if model.options.gated:
                     single = single * model.gate(state_h)
                 hs, _ = model._cell(model.lstm_input(embedded) + model.lstm_context(single)
                                     + model.lstm_recurrent(state_h), tf.repeat(state_c, regions, 0))

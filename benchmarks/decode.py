@@ -3,12 +3,15 @@
     python benchmarks/decode.py                   # about 1 min on 2 CPU cores
     python benchmarks/decode.py --runs 5          # quicker
     python benchmarks/decode.py --precision mixed_bfloat16   # also its float32 twin
+    python benchmarks/decode.py --attention glimpse          # another attention type
+    python benchmarks/decode.py --attention-score general    # another region score
 
 At the tutorial's sizes (embedding 256, hidden/units 512, 64 x 2048
 annotations, vocabulary 5000), one image, up to `--max-length` 20 words:
 
 * ours: `models.decoding.greedy_decode` and `beam_search(beam_size=3)` on a
-  soft-attention `ShowAttendTell`, each one `tf.function` (one graph call
+  soft-attention `ShowAttendTell` (`--attention`, `--attention-score`: another
+  type or score, docs/attention.md), each one `tf.function` (one graph call
   per caption: the whole loop runs in TensorFlow);
 * baseline: `benchmarks/baselines/tf_tutorial_captioner.py`'s `evaluate`,
   the tutorial's eager step-by-step greedy loop.
@@ -44,7 +47,8 @@ from benchmarks.results import write_result  # noqa: E402
 from benchmarks.train_step import SIZES, cpu_model  # noqa: E402
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line's options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=15, help="timed runs of each (median)")
     parser.add_argument("--max-length", type=int, default=20)
@@ -52,7 +56,17 @@ def main(argv=None):
     parser.add_argument("--precision", default="float32",
                         choices=("float32", "mixed_bfloat16", "mixed_float16"),
                         help="Keras policy of our model (not float32: its float32 twin too)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--attention", default="soft",
+                        choices=("soft", "hard", "glimpse", "spatial_transformer"),
+                        help="our attention type (model.attention)")
+    parser.add_argument("--attention-score", default="additive",
+                        choices=("additive", "general", "dot", "concat"),
+                        help="our region score, soft and hard (model.attention_score)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
 
     import keras
     import tensorflow as tf
@@ -67,7 +81,9 @@ def main(argv=None):
     keras.mixed_precision.set_global_policy(args.precision)
     try:
         model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
-                               hidden_dim=s["hidden"], attention_dim=s["attention"], seed=0)
+                               hidden_dim=s["hidden"], attention_dim=s["attention"],
+                               attention=args.attention, attention_score=args.attention_score,
+                               seed=0)
         model.build((None, s["regions"], s["dim"]))
     finally:
         keras.mixed_precision.set_global_policy(previous)
@@ -102,7 +118,8 @@ def main(argv=None):
     result = {"benchmark": "decode", "machine": cpu_model(), "cpus": os.cpu_count(),
               "tensorflow": tf.__version__, "sizes": {k: s[k] for k in (
                   "regions", "dim", "embedding", "hidden", "attention", "vocab")},
-              "precision": args.precision,
+              "precision": args.precision, "attention": args.attention,
+              "attention_score": args.attention_score,
               "batch": 1, "max_length": args.max_length, "beam_size": args.beam_size,
               "runs": args.runs, "first_call_s": first_call_s, "lengths": lengths}
     for name, values in times.items():
@@ -114,8 +131,11 @@ def main(argv=None):
     if "twin_greedy_ms" in result:
         result["twin_speedup"] = round(result["ours_greedy_ms"] / result["twin_greedy_ms"], 2)
     print(json.dumps(result))
-    write_result("decode", result, argv=argv,
-                 variant="" if args.precision == "float32" else args.precision)
+    variant = "-".join(v for v in (
+        "" if args.precision == "float32" else args.precision,
+        "" if args.attention == "soft" else args.attention,
+        "" if args.attention_score == "additive" else args.attention_score) if v)
+    write_result("decode", result, argv=argv, variant=variant)
     return result
 
 

@@ -5,6 +5,8 @@
     python benchmarks/train_step.py --jit on              # XLA for our step
     python benchmarks/train_step.py --precision float32   # both steps in float32
     python benchmarks/train_step.py --baseline-precision float32  # the tutorial as published
+    python benchmarks/train_step.py --attention-score general     # Luong's bilinear score
+    python benchmarks/train_step.py --attention glimpse           # or spatial_transformer, hard
 
 `--precision auto` (the default, as `train.mixed_precision`) picks
 `mixed_bfloat16` where the CPU or GPU multiplies bfloat16 natively and float32
@@ -20,6 +22,9 @@ Both models train at the tutorial's sizes: embedding 256, hidden/units 512,
 * ours: `ShowAttendTell` (soft attention, gate, attention MLP 512 wide, as
   the tutorial's attention), one `tf.function` step on
   `compute_loss_terms` (masked NLL + doubly stochastic penalty);
+  `--attention` and `--attention-score` pick another attention type or
+  region score (`model.attention`, `model.attention_score`;
+  docs/attention.md), at the same sizes;
 * baseline: `benchmarks/baselines/tf_tutorial_captioner.py`, the tutorial's
   `train_step` (a Python loop over time steps inside `tf.function` that
   recomputes the feature projection at every step).
@@ -71,27 +76,47 @@ def cpu_has_bf16() -> bool:
     return bool(set(BF16_CPU_FLAGS) & cpu_flags())
 
 
-def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab, **_):
+def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab,
+                kind="soft", score="additive", **_):
     """Matmul FLOPs of one training step of our decoder (forward + backward).
 
     A matmul of (m, k) x (k, n) costs 2mkn forward and twice that backward
     (input and weight gradients), except where its input is data (the
     annotations), which needs no gradient. `length` tokens give `length - 1`
-    steps.
+    steps. `kind` and `score`: the attention type and region score; the
+    location-wise types use a 3x3 retina of 2 patches and a 4-channel map.
     """
     b, t, l, d, e, n, a, v = batch, length - 1, regions, dim, embedding, hidden, attention, vocab
-    per_step = (2 * b * n * a      # W_h h_{t-1}
-                + 2 * b * l * a    # w . tanh(.)
-                + 2 * b * n        # f_beta(h)
-                + 2 * b * d * 4 * n + 2 * b * n * 4 * n)  # LSTM: z W_z, h U
-    per_step *= 3
-    per_step += 2 * 2 * b * l * d  # context sum_i alpha_i a_i: forward + d alpha
+    lstm = 2 * b * d * 4 * n + 2 * b * n * 4 * n                     # LSTM: z W_z, h U
+    context = 2 * 2 * b * l * d              # sum_i alpha_i a_i: forward + d alpha
+    if kind == "glimpse":
+        samples, map_width = 18, 4 * l
+        attend = (2 * b * n * a + 2 * b * a * 2                     # location network
+                  + 2 * b * samples * l * a                         # retina samples of a W_v
+                  + 2 * b * samples * a * a + 2 * b * 2 * a        # retina and where layers
+                  + 2 * b * 2 * a * d + 2 * b * n)                  # glimpse layer, baseline
+        context = 0
+        projection = 2 * (2 * b * l * d * a + 2 * b * l * d * 4 + 2 * b * map_width * a)
+    elif kind == "spatial_transformer":
+        attend = 2 * b * n * a + 2 * b * a * 3 + 2 * b * n          # location network, f_beta
+        projection = 2 * (2 * b * l * d * 4 + 2 * b * 4 * l * a)
+    elif score == "general":
+        attend = 2 * b * l * n + 2 * b * n                          # (a_i^T W) . h, f_beta
+        # a W forward; W's gradient hoisted out of the loop (models.hoisted_gradients)
+        projection = 2 * b * l * d * n + 2 * t * b * l * d + 2 * t * b * d * n
+    elif score == "dot":
+        attend, projection = 2 * b * n * d * (d != n) + 2 * b * l * d + 2 * b * n, 0
+    else:  # additive, concat
+        attend = (2 * b * n * a      # W_h h_{t-1}
+                  + 2 * b * l * a    # w . tanh(.)
+                  + 2 * b * n)       # f_beta(h)
+        projection = 2 * (2 * b * l * d * a)     # W_a a (once), forward and weight gradient
+    per_step = 3 * (attend + lstm) + context
     outside = 3 * (2 * b * t * e * 4 * n      # E y W_e (all steps)
                    + 2 * b * t * n * e        # L_h h
                    + 2 * b * t * d * e        # L_z z
                    + 2 * b * t * e * v)       # L_o
-    outside += 2 * (2 * b * l * d * a        # W_a a (once)
-                    + 2 * 2 * b * d * n)     # h_0, c_0 MLPs
+    outside += projection + 2 * (2 * 2 * b * d * n)   # the attention's projection, h_0, c_0 MLPs
     return t * per_step + outside
 
 
@@ -119,14 +144,16 @@ def make_data(sizes, seed=0):
     return tf.constant(annotations), tf.constant(captions)
 
 
-def our_step(sizes, jit: bool):
-    """A built soft-attention `ShowAttendTell` and its `tf.function` training step."""
+def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive"):
+    """A built `ShowAttendTell` (soft attention by default) and its `tf.function` training step."""
     import keras
     import tensorflow as tf
+    from models.decoder_options import DecoderOptions
     from models.show_attend_tell import ShowAttendTell
-    model = ShowAttendTell(vocab_size=sizes["vocab"], embedding_dim=sizes["embedding"],
-                           hidden_dim=sizes["hidden"], attention_dim=sizes["attention"],
-                           attention="soft", seed=0)
+    options = DecoderOptions(embedding_dim=sizes["embedding"], hidden_dim=sizes["hidden"],
+                             attention_dim=sizes["attention"], attention=attention,
+                             attention_score=score)
+    model = ShowAttendTell(sizes["vocab"], options, seed=0)
     model.build((None, sizes["regions"], sizes["dim"]))
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
@@ -198,6 +225,12 @@ def main(argv=None):
     parser.add_argument("--baseline-precision", default="same", choices=("same", "float32"),
                         help="the baseline's dtype policy (same: the one --precision picks)")
     parser.add_argument("--batch", type=int, default=SIZES["batch"])
+    parser.add_argument("--attention", default="soft",
+                        choices=("soft", "hard", "glimpse", "spatial_transformer"),
+                        help="our attention type (model.attention)")
+    parser.add_argument("--attention-score", default="additive",
+                        choices=("additive", "general", "dot", "concat"),
+                        help="our region score, soft and hard (model.attention_score)")
     args = parser.parse_args(argv)
 
     import keras
@@ -212,7 +245,8 @@ def main(argv=None):
 
     baseline_policy = chosen.policy if args.baseline_precision == "same" else "float32"
     keras.mixed_precision.set_global_policy(chosen.policy)
-    ours = our_step(sizes, jit=args.jit == "on")
+    ours = our_step(sizes, jit=args.jit == "on", attention=args.attention,
+                    score=args.attention_score)
     keras.mixed_precision.set_global_policy(baseline_policy)
     baseline = baseline_step()
     keras.mixed_precision.set_global_policy("float32")
@@ -248,12 +282,14 @@ def main(argv=None):
               "precision_requested": chosen.requested, "precision_reason": chosen.reason,
               "baseline_precision": baseline_policy,
               "bf16_native": cpu_has_bf16(), "jit_compile": args.jit == "on",
+              "attention": args.attention, "attention_score": args.attention_score,
               "sizes": sizes, "tokens_per_step": tokens, "steps": args.steps,
               "repeats": args.repeats, "first_call_s": compile_s,
               "peak_matmul_gflops": round(peak_gflops[chosen.policy], 1)}
     if baseline_policy != chosen.policy:
         result["baseline_peak_matmul_gflops"] = round(peak_gflops[baseline_policy], 1)
-    for name, flops, policy in (("ours", model_flops(**sizes), chosen.policy),
+    our_flops = model_flops(**sizes, kind=args.attention, score=args.attention_score)
+    for name, flops, policy in (("ours", our_flops, chosen.policy),
                                 ("baseline", baseline_flops(**sizes), baseline_policy)):
         step_s = statistics.median(times[name])
         gflops = flops / step_s / 1e9

@@ -2,9 +2,11 @@
 
 Both loops are explicit `tf.while_loop`s with no Python control flow on
 tensors, so they trace under `tf.function(autograph=False)`, which is how
-`keras.export.ExportArchive` traces serving endpoints. The annotation
-projection `W_a a + b` runs once, before the loop. Outputs have a static time
-dimension `max_length` (TF Serving batches along dimension 0 only).
+`keras.export.ExportArchive` traces serving endpoints. The attention's
+per-sequence projection (`W_a a + b`) runs once, before the loop. Outputs
+have a static time dimension `max_length` (TF Serving batches along
+dimension 0 only). A location-wise attention's model (`model.located`) also
+returns each word's window, `locations` (batch, max_length, 3).
 """
 from __future__ import annotations
 
@@ -21,14 +23,48 @@ _NEG = -1e9
 LATENCY_ROWS = 4
 
 
-def _choose(rows, context_products, build):
+def _choose(model, rows, context_products, build):
     """`build(use_products)`, with a graph `tf.cond` on `rows` for `"auto"`."""
+    if not model.linear_context:      # a glimpse's context is not a sum of annotations
+        context_products = False
     if context_products == "auto":
         return tf.cond(rows <= LATENCY_ROWS, lambda: build(True), lambda: build(False))
     if context_products not in (True, False):
         raise ValueError(f"context_products must be True, False or 'auto', "
                          f"got {context_products!r}")
     return build(context_products)
+
+
+def _repeat(structure, k):
+    """Every tensor of `structure` (e.g. a projection) repeated `k` times along the batch."""
+    return tf.nest.map_structure(lambda x: tf.repeat(x, k, axis=0), structure)
+
+
+def _histories(model, batch, max_length, regions):
+    """The zero `(attention, locations)` histories of a decoding loop (locations: () if none)."""
+    attention = tf.zeros([batch, max_length, regions], tf.float32)
+    return (attention,) + ((tf.zeros([batch, max_length, 3], tf.float32),)
+                           if model.located else ())
+
+
+def _record(histories, t, out, finished, parent=None):
+    """Writes step t's `alpha` (and `location`) into the histories, 0 where `finished`."""
+    values = (out["alpha"],) + ((out["location"],) if len(histories) > 1 else ())
+    written = []
+    for history, value in zip(histories, values):
+        if parent is not None:
+            history, value = tf.gather(history, parent), tf.gather(value, parent)
+        value = tf.where(tf.expand_dims(finished, 1), 0.0, value)
+        written.append(_write_column(history, t, value))
+    return tuple(written)
+
+
+def _outputs(histories, **values):
+    """The decoding result: `values`, `attention` and (if recorded) `locations`."""
+    values["attention"] = histories[0]
+    if len(histories) > 1:
+        values["locations"] = histories[1]
+    return values
 
 
 def _write_column(history, t, values):
@@ -70,12 +106,13 @@ def greedy_decode(model, annotations, max_length: int, mask=None, context_produc
       included when emitted, then 0; `lengths` int32 (batch,) words incl.
       `<end>`; `scores` float32 (batch,) caption log-probability; `attention`
       float32 (batch, max_length, L), the alpha used to emit each word (0 after
-      the end).
+      the end); with a location-wise attention also `locations` float32
+      (batch, max_length, 3), each word's `(x, y, scale)` (0 after the end).
     """
     annotations = tf.convert_to_tensor(annotations)
     if mask is not None:
         mask = tf.cast(mask, tf.bool)
-    return _choose(tf.shape(annotations)[0], context_products,
+    return _choose(model, tf.shape(annotations)[0], context_products,
                    lambda use: _greedy(model, annotations, max_length, mask, use))
 
 
@@ -86,22 +123,21 @@ def _greedy(model, annotations, max_length, mask, use_products):
     products = model.context_products(annotations) if use_products else None
     state = model.initial_state(annotations, mask)
 
-    def body(t, prev, state, finished, scores, lengths, tokens, attention):
-        log_probs, alpha, state = model.decode_step(prev, state, annotations, projected, mask,
-                                                    context_products=products)
-        log_probs = _forbid_reserved(log_probs)
+    def body(t, prev, state, finished, scores, lengths, tokens, histories):
+        out = model.step_outputs(prev, state, annotations, projected, mask,
+                                 context_products=products)
+        log_probs = _forbid_reserved(out["log_probs"])
         # Chosen on the running score (the same argmax), exactly as
         # beam_search does with one beam, so that beam 1 == greedy bit for bit.
         total = tf.expand_dims(scores, 1) + log_probs                  # (batch, V)
         best, word = tf.math.top_k(total, k=1)
         word = tf.where(finished, PAD_ID, tf.cast(word[:, 0], tf.int32))
         scores = tf.where(finished, scores, best[:, 0])
-        alpha = tf.where(tf.expand_dims(finished, 1), 0.0, alpha)
         tokens = _write_column(tokens, t, word)
-        attention = _write_column(attention, t, alpha)
+        histories = _record(histories, t, out, finished)
         lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
         finished = tf.logical_or(finished, tf.equal(word, END_ID))
-        return t + 1, word, state, finished, scores, lengths, tokens, attention
+        return t + 1, word, out["state"], finished, scores, lengths, tokens, histories
 
     def cond(t, prev, state, finished, *_):
         return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
@@ -109,10 +145,10 @@ def _greedy(model, annotations, max_length, mask, use_products):
     loop_vars = (tf.constant(0), tf.fill([batch], START_ID), state,
                  tf.zeros([batch], tf.bool), tf.zeros([batch], tf.float32),
                  tf.zeros([batch], tf.int32), tf.zeros([batch, max_length], tf.int32),
-                 tf.zeros([batch, max_length, regions], tf.float32))
-    _, _, _, _, scores, lengths, tokens, attention = tf.while_loop(
+                 _histories(model, batch, max_length, regions))
+    _, _, _, _, scores, lengths, tokens, histories = tf.while_loop(
         cond, body, loop_vars, maximum_iterations=max_length)
-    return {"tokens": tokens, "lengths": lengths, "scores": scores, "attention": attention}
+    return _outputs(histories, tokens=tokens, lengths=lengths, scores=scores)
 
 
 def sample_decode(model, annotations, num_samples: int, max_length: int, seed, mask=None,
@@ -144,7 +180,7 @@ def sample_decode(model, annotations, num_samples: int, max_length: int, seed, m
     rows = batch * k
     if mask is not None:
         mask = tf.repeat(tf.cast(mask, tf.bool), k, axis=0)
-    projected = tf.repeat(model.project_annotations(annotations), k, axis=0)
+    projected = _repeat(model.project_annotations(annotations), k)
     annotations = tf.repeat(annotations, k, axis=0)                   # (batch*k, L, D)
     state = model.initial_state(annotations, mask)
     seed = tf.cast(seed, tf.int64)
@@ -195,7 +231,7 @@ def beam_search(model, annotations, beam_size: int, max_length: int,
     annotations = tf.convert_to_tensor(annotations)
     if mask is not None:
         mask = tf.cast(mask, tf.bool)
-    return _choose(tf.shape(annotations)[0] * k, context_products,
+    return _choose(model, tf.shape(annotations)[0] * k, context_products,
                    lambda use: _beam(model, annotations, k, max_length, length_normalization,
                                      mask, use))
 
@@ -206,7 +242,7 @@ def _beam(model, annotations, k, max_length, length_normalization, mask, use_pro
     rows = batch * k
     if mask is not None:
         mask = tf.repeat(mask, k, axis=0)                             # (batch*k, L)
-    projected = tf.repeat(model.project_annotations(annotations), k, axis=0)
+    projected = _repeat(model.project_annotations(annotations), k)
     products = None
     if use_products:  # once per image, then shared by its beams
         products = tuple(tf.repeat(p, k, axis=0) for p in model.context_products(annotations))
@@ -216,10 +252,11 @@ def _beam(model, annotations, k, max_length, length_normalization, mask, use_pro
     offsets = tf.expand_dims(tf.range(batch) * k, 1)                  # (batch, 1)
     pad_only = tf.one_hot(PAD_ID, vocab, on_value=0.0, off_value=_NEG)  # (V,)
 
-    def body(t, prev, state, finished, scores, lengths, tokens, attention):
-        log_probs, alpha, state = model.decode_step(prev, state, annotations, projected, mask,
-                                                    context_products=products)
-        log_probs = tf.where(tf.expand_dims(finished, 1), pad_only, _forbid_reserved(log_probs))
+    def body(t, prev, state, finished, scores, lengths, tokens, histories):
+        out = model.step_outputs(prev, state, annotations, projected, mask,
+                                 context_products=products)
+        log_probs = tf.where(tf.expand_dims(finished, 1), pad_only,
+                             _forbid_reserved(out["log_probs"]))
         total = tf.expand_dims(scores, 1) + log_probs                  # (batch*k, V)
         if k > 1 and length_normalization > 0:
             new_lengths = lengths + tf.cast(tf.logical_not(finished), tf.int32)
@@ -232,13 +269,12 @@ def _beam(model, annotations, k, max_length, length_normalization, mask, use_pro
         word = tf.reshape(tf.cast(index % vocab, tf.int32), [rows])
         scores = tf.reshape(scores, [rows])
         was_finished = tf.gather(finished, parent)
-        state = tf.nest.map_structure(lambda s: tf.gather(s, parent), state)
-        alpha = tf.where(tf.expand_dims(was_finished, 1), 0.0, tf.gather(alpha, parent))
+        state = tf.nest.map_structure(lambda s: tf.gather(s, parent), out["state"])
+        histories = _record(histories, t, out, was_finished, parent)
         tokens = _write_column(tf.gather(tokens, parent), t, word)
-        attention = _write_column(tf.gather(attention, parent), t, alpha)
         lengths = tf.gather(lengths, parent) + tf.cast(tf.logical_not(was_finished), tf.int32)
         finished = tf.logical_or(was_finished, tf.equal(word, END_ID))
-        return t + 1, word, state, finished, scores, lengths, tokens, attention
+        return t + 1, word, state, finished, scores, lengths, tokens, histories
 
     def cond(t, prev, state, finished, *_):
         return tf.logical_and(t < max_length, tf.logical_not(tf.reduce_all(finished)))
@@ -247,15 +283,15 @@ def _beam(model, annotations, k, max_length, length_normalization, mask, use_pro
     loop_vars = (tf.constant(0), tf.fill([rows], START_ID), state,
                  tf.zeros([rows], tf.bool), first, tf.zeros([rows], tf.int32),
                  tf.zeros([rows, max_length], tf.int32),
-                 tf.zeros([rows, max_length, regions], tf.float32))
-    _, _, _, _, scores, lengths, tokens, attention = tf.while_loop(
+                 _histories(model, rows, max_length, regions))
+    _, _, _, _, scores, lengths, tokens, histories = tf.while_loop(
         cond, body, loop_vars, maximum_iterations=max_length)
     if length_normalization > 0:
         scores = scores / length_penalty(lengths, length_normalization)
     best = tf.argmax(tf.reshape(scores, [batch, k]), axis=1, output_type=tf.int32)
     pick = tf.range(batch) * k + best                                 # (batch,)
-    return {"tokens": tf.gather(tokens, pick), "lengths": tf.gather(lengths, pick),
-            "scores": tf.gather(scores, pick), "attention": tf.gather(attention, pick)}
+    return _outputs(tuple(tf.gather(h, pick) for h in histories), tokens=tf.gather(tokens, pick),
+                    lengths=tf.gather(lengths, pick), scores=tf.gather(scores, pick))
 
 
 def attention_to_grid(attention, grid_h: int, grid_w: int):

@@ -11,6 +11,7 @@ normalize inside the model, so export and preprocessing share one graph.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -199,28 +200,50 @@ def keras_app_backbone(application: str = "VGG19", layer: str = "block5_conv4",
     return keras.Model(inputs, cut(x), name=cut.name)
 
 
-def build_encoder(kind: str = "small_cnn", *, application: str = "VGG19",
-                  layer: str = "block5_conv4", weights: str = "none", image_size: int = 64,
-                  width: int = 16, grid_size: int = 8, coord_channels: bool = True,
-                  backbone: keras.Model | None = None) -> keras.Model:
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    """What `build_encoder` builds (the fields of the `encoder` config section it reads).
+
+    Attributes:
+      kind: `small_cnn` or `keras_app`.
+      application, layer, weights: `keras_app_backbone`'s arguments.
+      image_size: input side S.
+      width, grid_size: `small_cnn_backbone`'s arguments.
+      coord_channels: append (x, y) cell coordinates (D grows by 2).
+    """
+    kind: str = "small_cnn"
+    application: str = "VGG19"
+    layer: str = "block5_conv4"
+    weights: str = "none"
+    image_size: int = 64
+    width: int = 16
+    grid_size: int = 8
+    coord_channels: bool = True
+
+
+def build_encoder(spec: EncoderSpec | str = "small_cnn", backbone: keras.Model | None = None,
+                  **fields) -> keras.Model:
     """The annotation encoder: image `(S, S, 3)` in [0, 255] -> grid `(H, W, D)`.
 
     Args:
-      kind: `small_cnn` or `keras_app`.
+      spec: an `EncoderSpec`, or its `kind` (`small_cnn` or `keras_app`) with
+        the other fields as keyword arguments.
       backbone: an already built (e.g. trained) backbone to wrap instead.
-      coord_channels: append (x, y) cell coordinates (D grows by 2).
-      Other args: see `small_cnn_backbone` / `keras_app_backbone`.
+      **fields: `EncoderSpec` fields (they override `spec`'s).
     """
+    spec = EncoderSpec(kind=spec, **fields) if isinstance(spec, str) else (
+        dataclasses.replace(spec, **fields) if fields else spec)
     if backbone is None:
-        if kind == "small_cnn":
-            backbone = small_cnn_backbone(image_size, width, grid_size)
-        elif kind == "keras_app":
-            backbone = keras_app_backbone(application, layer, weights, image_size)
+        if spec.kind == "small_cnn":
+            backbone = small_cnn_backbone(spec.image_size, spec.width, spec.grid_size)
+        elif spec.kind == "keras_app":
+            backbone = keras_app_backbone(spec.application, spec.layer, spec.weights,
+                                          spec.image_size)
         else:
-            raise ValueError(f"unknown encoder kind {kind!r} (small_cnn or keras_app)")
-    inputs = keras.Input((image_size, image_size, 3), name="image")
+            raise ValueError(f"unknown encoder kind {spec.kind!r} (small_cnn or keras_app)")
+    inputs = keras.Input((spec.image_size, spec.image_size, 3), name="image")
     grid = backbone(inputs)
-    if coord_channels:
+    if spec.coord_channels:
         grid = CoordinateChannels(name="coordinates")(grid)
     return keras.Model(inputs, grid, name="encoder")
 

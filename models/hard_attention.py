@@ -5,8 +5,7 @@ import keras
 from keras import ops
 
 from models.attention_scorer import AttentionScorer
-
-INFERENCE_MODES = ("expected", "argmax")
+from models.decoder_options import INFERENCE_MODES
 _TINY = 1e-20
 
 

@@ -63,3 +63,48 @@ def hoisted_weight_grads(x_time, weights, inputs):
             return (dx, *grads)
         return tf.identity(x), grad
     return inject(x_time, *weights)
+
+
+def matvec_without_matrix_grad(matrix, vector):
+    """`einsum("blk,bk->bl")` whose gradient reaches `vector` only (`d vector = ds . matrix`).
+
+    The general score's step: `matrix` is the projection `a W` computed once per
+    sequence, whose weight gradient `hoisted_projection_grads` adds after the loop.
+    """
+    @tf.custom_gradient
+    def matvec(vector):
+        def grad(ds):
+            return tf.einsum("bl,blk->bk", ds, matrix)
+        return tf.einsum("blk,bk->bl", matrix, vector), grad
+    return matvec(vector)
+
+
+def hoisted_projection_grads(offsets, kernel, annotations, inputs):
+    """Identity on zero score offsets (T, batch, L) that carries the gradient of `W` in `a W`.
+
+    The general score of step t is `s_t = (a W) q_t + offset_t`, with `a W`
+    entering the loop without its gradient (`matvec_without_matrix_grad`). The
+    gradient reaching the offsets is `ds_t`, and `dW = sum_t a^T (ds_t q_t^T) =
+    sum_t (ds_t a)^T q_t`: one (T, batch, L) x (batch, L, D) product and one
+    (T batch, D)^T x (T batch, n) matmul after the loop, instead of a
+    (batch, L, n) accumulation per step and a (batch L, D)^T x (batch L, n)
+    matmul.
+
+    Args:
+      offsets: (T, batch, L) zeros, added to the scores.
+      kernel: (D, n) `W` (in the dtype `a W` was computed in).
+      annotations: (batch, L, D), the `a` of `a W`.
+      inputs: dict with key 0 -> (T, batch, n) the step queries `q_t`, filled
+        after the loop is built.
+    Returns:
+      `offsets`, unchanged, carrying `W`'s gradient.
+    """
+    @tf.custom_gradient
+    def inject(x, w):
+        def grad(dx):
+            rows = tf.einsum("tbl,bld->tbd", tf.cast(dx, annotations.dtype), annotations)
+            queries = tf.cast(inputs[0], rows.dtype)
+            dw = tf.einsum("tbd,tbn->dn", rows, queries)
+            return dx, tf.cast(dw, w.dtype)
+        return tf.identity(x), grad
+    return inject(offsets, kernel)

@@ -8,6 +8,20 @@ REINFORCE term `-lambda_r (r - b) d log p(s | a)` with a reward baseline
 minibatch the expected context replaces the sample. The baseline is a
 moving average of the reward (`update_baseline`), or, per word, the reward
 the expected context would have earned (`reinforce_baseline="expected"`).
+
+Glimpses (Mnih et al. 2014): the NLL plus the same REINFORCE term on the
+sampled locations, whose log-probability reaches the policy through its
+mean only, against a baseline per step `b_t = b + f(h_{t-1})`: hard
+attention's baseline `b` (the moving average of the reward, or with
+`reinforce_baseline="expected"` each word's `log p(y_t)` had its glimpse
+been at the policy's mean) plus a learned correction `f`, regressed onto
+`r_t - b` (RAM's learned baseline and its squared-error loss; learned from
+zero alone, it would take thousands of steps to reach rewards of -20 nats,
+and its early errors would dominate the gradient norm that the Trainer
+clips). The spatial transformer: the soft
+objective. Both location-wise attentions add their guard's penalty (the
+squared amount by which a location was clamped; `guard_rate` is the share
+of steps where that happened).
 """
 from __future__ import annotations
 
@@ -16,8 +30,7 @@ from keras import ops
 
 from models import losses
 
-REINFORCE_CREDITS = ("sequence", "token")
-REINFORCE_BASELINES = ("moving_average", "expected")
+from models.decoder_options import REINFORCE_BASELINES, REINFORCE_CREDITS  # noqa: F401
 
 
 def update_baseline(model, mean_reward, skip=None) -> None:
@@ -85,6 +98,8 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
         (after its old value has been used).
     Returns:
       dict of float32 tensors: scalars `loss`, `nll`, `attention_penalty`,
+      (location-wise attentions) `guard_penalty` and `guard_rate`, (glimpse)
+      `baseline_loss`,
       `attention_entropy` (mean per real step, nats), `num_tokens`; for
       hard attention also `reward` (mean `log p(y|s,a)` per caption, or
       per word with `reinforce_credit="token"`), `sample_log_prob` (batch, T)
@@ -92,11 +107,13 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
       `baseline` (the value used; with `reinforce_baseline="expected"`
       its mean per real word, and `token_baseline` (batch, T) the
       per-word values), `reinforce_term`, `used_expected_alpha`
-      (1.0 or 0.0); per example (batch,): `example_nll` (sum over
-      tokens), `example_tokens`, `example_penalty`; and the forward
-      outputs `logits`, `alpha`.
+      (1.0 or 0.0); glimpse the same but `baseline` (the mean learned
+      baseline) and `used_expected_alpha` (0.0); per example (batch,):
+      `example_nll` (sum over tokens), `example_tokens`, `example_penalty`;
+      and the forward outputs `logits`, `alpha` (and `locations`).
     """
-    hard = model.attention == "hard"
+    options = model.options
+    hard = options.hard
     tokens = ops.cast(tokens, "int32")
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     used_expected = _expected_alpha_coin(model) if hard and training else None
@@ -109,7 +126,7 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
     token_nll = losses.masked_nll(out["logits"], targets)          # (batch, T)
     example_nll = ops.sum(token_nll, axis=1)
     example_penalty = losses.doubly_stochastic_penalty(
-        out["alpha"], steps, 0.0 if hard else model.doubly_stochastic_lambda)
+        out["alpha"], steps, 0.0 if options.samples else model.doubly_stochastic_lambda)
     example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
     terms = {"nll": ops.sum(example_nll) / denominator,
              "attention_penalty": ops.mean(example_penalty),
@@ -125,6 +142,10 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
                 - model.entropy_lambda * terms["attention_entropy"])
         if training and update_baseline_now and "token_baseline" not in terms:
             update_baseline(model, terms["reward"], skip=used_expected)
+    if options.located:
+        terms.update(_location_terms(model, out, targets, token_nll, steps, training=training,
+                                     update_baseline_now=update_baseline_now))
+        loss = loss + terms.pop("location_loss")
     if global_batch_size is not None:
         local = ops.cast(ops.shape(tokens)[0], "float32")
         loss = loss * local / ops.cast(global_batch_size, "float32")
@@ -169,3 +190,67 @@ def _reinforce_terms(model, out, targets, token_nll, steps, *, training,
     if expected_baseline:
         terms["token_baseline"] = baseline                      # (batch, T)
     return terms
+
+
+def _location_terms(model, out, targets, token_nll, steps, *, training,
+                    update_baseline_now) -> dict:
+    """The location-wise attentions' terms: the guard's, and the glimpse's REINFORCE.
+
+    Returns:
+      the terms, `locations`, and `location_loss`, what they add to the loss.
+    """
+    terms = _guard_terms(model, out, steps, training=training)
+    terms["locations"] = out["locations"]
+    terms["location_loss"] = terms["guard_penalty"]
+    if model.options.attention == "glimpse":
+        terms.update(_glimpse_terms(model, out, targets, token_nll, steps, training=training))
+        terms["location_loss"] += terms["reinforce_term"] + terms["baseline_loss"]
+        if training and update_baseline_now and "expected_logits" not in out:
+            update_baseline(model, terms["reward"])
+    return terms
+
+
+def _step_rewards(model, token_nll, steps):
+    """`(reward (batch, T) credited to each step's sample, its mean per credit unit)`."""
+    if model.reinforce_credit == "token":
+        reward = -token_nll                                     # log p(y_t|...)
+        return reward, ops.sum(reward) / ops.maximum(ops.sum(steps), 1.0)
+    sequence = -ops.sum(token_nll, axis=1)                      # log p(y|l,a), (batch,)
+    return ops.expand_dims(sequence, 1) * steps, ops.mean(sequence)
+
+
+def _glimpse_terms(model, out, targets, token_nll, steps, *, training) -> dict:
+    """The glimpse's REINFORCE term against `b + f(h_{t-1})`, and the loss of `f`."""
+    denominator = ops.maximum(ops.sum(steps), 1.0)
+    reward, mean_reward = _step_rewards(model, token_nll, steps)
+    if "expected_logits" in out:
+        # log p(y_t) had step t glimpsed at the policy's mean (per word)
+        average = -losses.masked_nll(out["expected_logits"], targets)
+    else:
+        average = ops.where(model.baseline_updates > 0,
+                            ops.convert_to_tensor(model.reward_baseline), mean_reward)
+    correction = out["baseline"]                                # (batch, T) f(h_{t-1})
+    target = ops.stop_gradient(reward - average)
+    baseline_loss = ops.sum(ops.square(correction - target) * steps) / denominator
+    baseline = ops.stop_gradient(average + correction)
+    if training:
+        surrogate = losses.reinforce_surrogate(
+            reward, baseline, out["sample_log_prob"], model.reinforce_lambda)
+        reinforce_term = ops.sum(surrogate * steps) / denominator
+    else:
+        reinforce_term = ops.zeros((), "float32")
+    return {"reward": mean_reward, "baseline": ops.sum(baseline * steps) / denominator,
+            "reinforce_term": reinforce_term, "baseline_loss": baseline_loss,
+            "used_expected_alpha": ops.zeros((), "float32"),
+            "sample_log_prob": out["sample_log_prob"]}
+
+
+def _guard_terms(model, out, steps, *, training) -> dict:
+    """The location guard's penalty and rate over real steps; training counts them on the model."""
+    denominator = ops.maximum(ops.sum(steps), 1.0)
+    fired = ops.sum(out["guard"] * steps)
+    if training:
+        model.guard_fired.assign(model.guard_fired + fired)
+        model.guard_checked.assign(model.guard_checked + ops.sum(steps))
+    return {"guard_penalty": ops.sum(out["guard_penalty"] * steps) / denominator,
+            "guard_rate": fired / denominator}

@@ -1,245 +1,194 @@
 """The Show, Attend and Tell decoder and captioner (Xu et al. 2015, sections 3 and 4).
 
-The model's forward pass and decoding step live here; its training objective
-(loss terms, REINFORCE, the reward baseline) is `models/objective.py`, and the
-hand-written gradients of its time loop are `models/hoisted_gradients.py`.
-Training runs through the Trainer's step (components/trainer/step.py), not
-`model.fit`.
+The model's forward pass and decoding step live here; its settings are
+`models/decoder_options.py`, its time loop `models/recurrence.py`, its
+training objective (loss terms, REINFORCE, the reward baselines)
+`models/objective.py`, and the hand-written gradients of its time loop
+`models/hoisted_gradients.py`. Training runs through the Trainer's step
+(components/trainer/step.py), not `model.fit`.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import keras
 import tensorflow as tf
 from keras import ops
 
-from models import hoisted_gradients, objective
-from models.hard_attention import INFERENCE_MODES, HardAttention
-from models.soft_attention import SoftAttention
-
-ATTENTIONS = ("soft", "hard")
-REINFORCE_CREDITS, REINFORCE_BASELINES = objective.REINFORCE_CREDITS, objective.REINFORCE_BASELINES
-
+from models import attention_step, hoisted_gradients, objective, recurrence
+from models.decoder_options import (ATTENTIONS, FIELDS, REINFORCE_BASELINES,  # noqa: F401
+                                    REINFORCE_CREDITS, DecoderOptions)
+from models.recurrence import SequenceInputs
 
 
 @keras.saving.register_keras_serializable(package="captioner")
 class ShowAttendTell(keras.Model):
-    """LSTM decoder with soft or hard attention over an annotation grid.
+    """LSTM decoder with attention over an annotation grid (docs/attention.md).
 
-    At step t (section 3.1.2) the attention MLP scores the `L` regions from
-    `h_{t-1}`, the context `z_t` is the expected annotation (soft, gated by
-    `beta_t = sigmoid(f_beta(h_{t-1}))`, section 4.2.1) or a sampled one
-    (hard, section 4.1), the LSTM reads `[E y_{t-1}; z_t]`, and the deep
-    output layer gives `p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))`
-    (equation 7), with dropout before `L_o`. `h_0, c_0` come from tanh MLPs
-    on the mean annotation (section 3.1.2).
+    At step t (section 3.1.2) the attention reads the `L` regions from
+    `h_{t-1}`: soft attention's context `z_t` is the expected annotation
+    under a softmax of the regions' scores (gated by `beta_t =
+    sigmoid(f_beta(h_{t-1}))`, section 4.2.1), hard attention's a sampled
+    region (section 4.1); a glimpse (Mnih et al. 2014) reads a sampled
+    location through a multi-resolution retina, a spatial transformer
+    (Jaderberg et al. 2015) a window it places differentiably. The LSTM reads
+    `[E y_{t-1}; z_t]`, and the deep output layer gives
+    `p(y_t) ~ exp(L_o(E y_{t-1} + L_h h_t + L_z z_t))` (equation 7), with
+    dropout before `L_o`. `h_0, c_0` come from tanh MLPs on the mean
+    annotation (section 3.1.2).
 
-    Teacher forcing is one graph: the attention projection `W_a a + b`, the
-    word embeddings and their LSTM input transform, and the deep output with
-    the vocabulary projection of all steps are batched matmuls outside the
-    time loop; only the recurrence runs in a `tf.while_loop`. Softmaxes,
-    logits and losses are float32 under mixed precision, and so are the
-    attention MLP's `tanh` and scores and the LSTM cell state.
-
-    The constructor takes the fields of `components.contract.config.ModelConfig` as
-    keyword arguments, except that the config's
-    `expected_alpha_warmup_epochs` arrives here as `expected_alpha_warmup`
-    minibatches (the trainer multiplies by its steps per epoch).
+    Teacher forcing is one graph: the attention's per-sequence projection,
+    the word embeddings and their LSTM input transform, and the deep output
+    with the vocabulary projection of all steps are batched matmuls outside
+    the time loop; only the recurrence runs in a `tf.while_loop`. Softmaxes,
+    logits, losses and locations are float32 under mixed precision, and so
+    are the attention MLP's `tanh` and scores and the LSTM cell state.
 
     Args:
       vocab_size: number of tokens, reserved ones included (`models.text`).
-      embedding_dim: `m`, word embedding and deep-output width.
-      hidden_dim: `n`, LSTM width.
-      attention_dim: width of the attention MLP.
-      attention: `"soft"` or `"hard"`.
-      dropout: rate on the deep-output vector.
-      use_gate: soft attention only: multiply the context by `beta_t`.
-      doubly_stochastic_lambda: soft attention only (section 4.2.1): weight of
-        `sum_i (1 - sum_t alpha_ti)^2`. Hard attention's objective (equation
-        12) has no such term, and it would fight what REINFORCE learns: it is
-        smallest when the words' attention covers every region, while a
-        sampling policy that pays off looks at the named objects only.
-      entropy_lambda: hard only: `lambda_e`, weight of the entropy bonus.
-      reinforce_lambda: hard only: `lambda_r`, weight of the REINFORCE term.
-      expected_alpha_prob: hard only: probability per minibatch of training
-        with the expected context instead of a sample.
-      expected_alpha_warmup: hard only: the first this many training
-        minibatches all use the expected context (sampling starts after).
-        Sampling from the near-uniform alpha of a fresh model feeds the LSTM
-        random background regions, it learns to ignore the context, and the
-        attention never sharpens; a warmup lets alpha focus first.
-      baseline_decay: hard only: decay of the moving-average reward baseline.
-      reinforce_credit: hard only: the reward each sampled location is
-        credited with. `"sequence"` (the paper's equation 12): the caption's
-        `log p(y | s, a)` for every step's sample. `"token"`: step t's sample
-        gets `log p(y_t | ...)` of the word it helped emit, against a
-        baseline of the mean per-word log-likelihood; a lower-variance
-        (biased: it ignores the sample's effect on later words) estimate.
-      reinforce_baseline: hard only: what each reward is compared with.
-        `"moving_average"` (the paper): `b <- decay * b + (1 - decay) * mean
-        reward`, one scalar. `"expected"` (needs `reinforce_credit="token"`):
-        step t's own counterfactual, `log p(y_t)` had that step used the
-        expected context `sum_i alpha_ti a_i` from the same `h_{t-1}` (the
-        context the model is evaluated with), with the same dropout mask. The
-        advantage is then how much better the sampled region predicts the
-        word than the blend, so word difficulty no longer adds variance; it
-        costs a second LSTM cell update per step and a second deep output.
-        (The moving average's value is the non-trainable weight `reward_baseline`.)
-      hard_inference: hard only: `"expected"` or `"argmax"` context at inference.
-      seed: optional int; seeds the sampler, the dropout and the coin flips.
-      annotation_gradients: back-propagate into the annotations (to fine-tune
-        an encoder end to end). Off by default: the annotations are fixed CNN
-        features, as in the paper, and their gradient inside the time loop
-        (a (batch, L, D) accumulation per step) would be wasted work.
+      options: a `DecoderOptions` (or a dict of its fields); its fields may
+        also come as keyword arguments (as in the configs of saved models),
+        which override the options'.
+      seed: optional int; seeds the samplers, the dropout and the coin flips.
 
     Call args:
       inputs: dict with `"annotations"` (batch, L, D) float, `"tokens"`
         (batch, T) int input tokens starting with `<start>`, optional
         `"mask"` (batch, L) bool (True = keep).
-      training: dropout, and hard attention samples its locations.
+      training: dropout, and the sampling attentions sample their locations.
 
     Returns:
       dict with `"logits"` (batch, T, V) float32, `"alpha"` (batch, T, L)
-      float32 and `"beta"` (batch, T) float32 (ones without a gate).
+      float32 (the attention map of every step) and `"beta"` (batch, T)
+      float32 (ones without a gate); the location-wise attentions also
+      `"locations"` (batch, T, 3) float32 `(x, y, scale)` in grid coordinates.
     """
 
     # Compute the recurrent weights' gradients after the time loop (see
     # `models.hoisted_gradients`); False gives plain autodiff (tests compare them).
     _hoist_weight_grads = True
 
-    def __init__(self, vocab_size: int, embedding_dim: int = 128, hidden_dim: int = 256,
-                 attention_dim: int = 128, attention: str = "soft", dropout: float = 0.3,
-                 use_gate: bool = True, doubly_stochastic_lambda: float = 1.0,
-                 entropy_lambda: float = 0.01, reinforce_lambda: float = 1.0,
-                 expected_alpha_prob: float = 0.5, expected_alpha_warmup: int = 0,
-                 baseline_decay: float = 0.9, reinforce_credit: str = "sequence",
-                 reinforce_baseline: str = "moving_average",
-                 hard_inference: str = "expected", seed: int | None = None,
-                 annotation_gradients: bool = False, **kwargs):
+    def __init__(self, vocab_size: int, options: DecoderOptions | dict | None = None,
+                 seed: int | None = None, **kwargs):
+        fields = {name: kwargs.pop(name) for name in list(kwargs) if name in FIELDS}
+        if isinstance(options, dict):
+            options = DecoderOptions.from_mapping(options)
+        if options is None:
+            options = DecoderOptions(**fields)
+        elif fields:
+            options = dataclasses.replace(options, **fields)
         super().__init__(**kwargs)
-        if attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
-        if hard_inference not in INFERENCE_MODES:
-            raise ValueError(f"hard_inference must be one of {INFERENCE_MODES}, "
-                             f"got {hard_inference!r}")
         self.vocab_size = int(vocab_size)
-        self.embedding_dim = int(embedding_dim)
-        self.hidden_dim = int(hidden_dim)
-        self.attention_dim = int(attention_dim)
-        self.attention = attention
-        self.dropout = float(dropout)
-        self.use_gate = bool(use_gate)
-        self.doubly_stochastic_lambda = float(doubly_stochastic_lambda)
-        self.entropy_lambda = float(entropy_lambda)
-        self.reinforce_lambda = float(reinforce_lambda)
-        self.expected_alpha_prob = float(expected_alpha_prob)
-        self.baseline_decay = float(baseline_decay)
-        self.expected_alpha_warmup = int(expected_alpha_warmup)
-        if reinforce_credit not in REINFORCE_CREDITS:
-            raise ValueError(f"reinforce_credit must be one of {REINFORCE_CREDITS}, "
-                             f"got {reinforce_credit!r}")
-        self.reinforce_credit = reinforce_credit
-        if reinforce_baseline not in REINFORCE_BASELINES:
-            raise ValueError(f"reinforce_baseline must be one of {REINFORCE_BASELINES}, "
-                             f"got {reinforce_baseline!r}")
-        if reinforce_baseline == "expected" and reinforce_credit != "token":
-            raise ValueError('reinforce_baseline="expected" is a per-word baseline: it needs '
-                             'reinforce_credit="token"')
-        self.reinforce_baseline = reinforce_baseline
-        self.hard_inference = hard_inference
+        self.options = options
         self.seed = seed
-        self.annotation_gradients = bool(annotation_gradients)
-        self._hard = attention == "hard"
-        self._gated = self.use_gate and not self._hard
         self._annotation_dim = None
+        self._regions = None
+
+    def __getattr__(self, name):
+        # The options' fields read as the model's attributes (`model.attention`).
+        options = self.__dict__.get("options")
+        if options is not None and name in FIELDS:
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def located(self) -> bool:
+        """A location-wise attention (glimpse, spatial transformer): returns `locations`."""
+        return self.options.located
+
+    @property
+    def linear_context(self) -> bool:
+        """`z_t = sum_i w_ti a_i` for some weights (`context_products` apply): all but glimpse."""
+        return self.options.attention != "glimpse"
 
     # ------------------------------------------------------------------ build
 
     def build(self, input_shape):
-        """Creates every sublayer; only the annotation size `D` matters.
+        """Creates every sublayer; `D` (and `L` for the location-wise attentions) matter.
 
         Args:
           input_shape: the inputs' shapes (a dict with `"annotations"`) or
             the annotation shape `(batch, L, D)` itself.
         """
         shape = input_shape["annotations"] if isinstance(input_shape, dict) else input_shape
-        dim = int(shape[-1])
-        e, n, v = self.embedding_dim, self.hidden_dim, self.vocab_size
-        policy = self.dtype_policy
-        seed = self.seed
+        dim, regions = int(shape[-1]), shape[-2]
+        regions = None if regions is None else int(regions)
+        o, seed, policy = self.options, self.seed, self.dtype_policy
+        e, n, v = o.embedding_dim, o.hidden_dim, self.vocab_size
 
-        def dense(units, name, **kw):
-            return keras.layers.Dense(units, dtype=policy, name=name, **kw)
+        def dense(units, name, input_dim, **kw):
+            layer = keras.layers.Dense(units, dtype=policy, name=name, **kw)
+            layer.build(input_dim)
+            return layer
 
         self.embedding = keras.layers.Embedding(v, e, dtype=policy, name="embedding")
         self.embedding.build((None, None))
-        self.init_h = dense(n, "init_h", activation="tanh")
-        self.init_h.build((None, dim))
-        self.init_c = dense(n, "init_c", activation="tanh")
-        self.init_c.build((None, dim))
-        if self._hard:
-            self.attention_layer = HardAttention(
-                self.attention_dim, inference=self.hard_inference, seed=seed,
-                dtype=policy, name="attention")
-        else:
-            self.attention_layer = SoftAttention(self.attention_dim, dtype=policy, name="attention")
-        self.attention_layer.build((None, None, dim), (None, n))
-        if self._gated:
-            self.gate = dense(1, "gate", activation="sigmoid")   # f_beta
-            self.gate.build((None, n))
+        self.init_h = dense(n, "init_h", (None, dim), activation="tanh")
+        self.init_c = dense(n, "init_c", (None, dim), activation="tanh")
+        self.attention_layer = attention_step.make_layer(o, policy, seed)
+        self.attention_layer.build((None, regions, dim), (None, n))
+        if o.gated:
+            self.gate = dense(1, "gate", (None, n), activation="sigmoid")   # f_beta
         # The LSTM affine map of [E y_{t-1}; z_t; h_{t-1}] (equation 1), split
         # so that the E y part (with the bias) runs for all steps at once.
-        self.lstm_input = dense(4 * n, "lstm_input")
-        self.lstm_input.build((None, None, e))
-        self.lstm_context = dense(4 * n, "lstm_context", use_bias=False)
-        self.lstm_context.build((None, dim))
-        self.lstm_recurrent = dense(4 * n, "lstm_recurrent", use_bias=False,
+        self.lstm_input = dense(4 * n, "lstm_input", (None, None, e))
+        self.lstm_context = dense(4 * n, "lstm_context", (None, dim), use_bias=False)
+        self.lstm_recurrent = dense(4 * n, "lstm_recurrent", (None, n), use_bias=False,
                                     kernel_initializer="orthogonal")
-        self.lstm_recurrent.build((None, n))
         bias = ops.convert_to_numpy(self.lstm_input.bias)
         bias[n:2 * n] = 1.0   # forget gate (gate order i, f, g, o)
         self.lstm_input.bias.assign(bias)
-        self.output_hidden = dense(e, "output_hidden", use_bias=False)    # L_h
-        self.output_hidden.build((None, None, n))
-        self.output_context = dense(e, "output_context", use_bias=False)  # L_z
-        self.output_context.build((None, None, dim))
+        self.output_hidden = dense(e, "output_hidden", (None, None, n), use_bias=False)   # L_h
+        self.output_context = dense(e, "output_context", (None, None, dim),
+                                    use_bias=False)                                     # L_z
         self.output_dropout = keras.layers.Dropout(
-            self.dropout, seed=None if seed is None else seed + 1, dtype=policy,
+            o.dropout, seed=None if seed is None else seed + 1, dtype=policy,
             name="output_dropout")
-        self.output_logits = dense(v, "output_logits")                     # L_o
-        self.output_logits.build((None, None, e))
-        if self._hard:
+        self.output_logits = dense(v, "output_logits", (None, None, e))                 # L_o
+        if o.samples:
+            self._add_reinforce_state()
+        if o.located:
+            # Training (example, step) pairs and those where the attention's guard acted
+            # (mean-aggregated, as the hard attention's counters).
+            self.guard_fired, self.guard_checked = (self._counter(name) for name in (
+                "guard_fired", "guard_checked"))
+        self._annotation_dim, self._regions = dim, regions
+        self.built = True
+
+    def _counter(self, name):
+        # aggregation="mean": assigning from a tf.distribute replica context
+        # all-reduces the replicas' values, so every replica keeps the same value.
+        return self.add_weight(shape=(), initializer="zeros", dtype="float32", trainable=False,
+                               autocast=False, aggregation="mean", name=name)
+
+    def _add_reinforce_state(self):
+        """The moving-average reward baseline; hard attention's coin-flip seed and step count."""
+        if self.options.hard:
+            seed = self.seed
             self.expected_alpha_seed = keras.random.SeedGenerator(
                 None if seed is None else seed + 2, name="expected_alpha_seed")
-            # aggregation="mean": assigning from a tf.distribute replica context
-            # all-reduces the replicas' values, so every replica keeps the same b.
-            # `b`, the moving-average reward baseline (`models.objective`).
-            self.reward_baseline = self.add_weight(
-                shape=(), initializer="zeros", dtype="float32", trainable=False,
-                autocast=False, aggregation="mean", name="reward_baseline")
-            self.baseline_updates = self.add_weight(
-                shape=(), initializer="zeros", dtype="float32", trainable=False,
-                autocast=False, aggregation="mean", name="baseline_updates")
-            # Training minibatches seen (for `expected_alpha_warmup`); mean-aggregated
-            # like the baseline, so every replica counts the same.
-            self.hard_training_steps = self.add_weight(
-                shape=(), initializer="zeros", dtype="float32", trainable=False,
-                autocast=False, aggregation="mean", name="hard_training_steps")
-        self._annotation_dim = dim
-        self.built = True
+        self.reward_baseline = self._counter("reward_baseline")     # the moving average b
+        self.baseline_updates = self._counter("baseline_updates")
+        if self.options.hard:
+            # Training minibatches seen (for `expected_alpha_warmup`).
+            self.hard_training_steps = self._counter("hard_training_steps")
 
     def get_build_config(self):
         if self._annotation_dim is None:
             return None
-        return {"annotation_dim": self._annotation_dim}
+        config = {"annotation_dim": self._annotation_dim}
+        if self._regions is not None:
+            config["regions"] = self._regions
+        return config
 
     def build_from_config(self, config):
         if config:
-            self.build((None, None, config["annotation_dim"]))
+            self.build((None, config.get("regions"), config["annotation_dim"]))
 
     # ------------------------------------------------------- building blocks
 
     def project_annotations(self, annotations):
-        """`W_a a_i + b`: (batch, L, D) -> (batch, L, attention_dim), once per sequence."""
+        """The attention's per-sequence precomputation (e.g. `W_a a_i + b`), once per sequence."""
         return self.attention_layer.project(ops.cast(annotations, self.compute_dtype))
 
     def initial_state(self, annotations, mask=None):
@@ -260,20 +209,9 @@ class ShowAttendTell(keras.Model):
         mean = ops.cast(mean, self.compute_dtype)
         return self.init_h(mean), ops.cast(self.init_c(mean), "float32")
 
-    def _attend(self, h, projected, mask, training=False, use_expected=None, noise=None):
-        """Attention of one step: `(weights, alpha, beta, sample_log_prob)`.
-
-        `weights` (batch, L) make the context (alpha, or the sampled/argmax
-        one-hot for hard attention); `beta` (batch, 1) is the gate or None.
-        """
-        alpha, log_alpha = self.attention_layer.attention_weights(projected, h, mask)
-        if self._hard:
-            weights, _, sample_log_prob = self.attention_layer.select(
-                alpha, log_alpha, training=training, use_expected=use_expected, noise=noise)
-        else:
-            weights, sample_log_prob = alpha, None
-        beta = self.gate(h) if self._gated else None                  # (batch, 1)
-        return weights, alpha, beta, sample_log_prob
+    def step_records(self) -> dict:
+        """What a step of the time loop records, name -> dtype (besides `h` and `z`)."""
+        return attention_step.records(self.options, self.compute_dtype)
 
     def _cell(self, gates, c):
         """LSTM update from the gate pre-activations (gate order i, f, g, o), in float32."""
@@ -281,38 +219,40 @@ class ShowAttendTell(keras.Model):
         c = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(g)
         return ops.cast(ops.sigmoid(o) * ops.tanh(c), self.compute_dtype), c
 
-    def _step(self, x_t, h, c, annotations, projected, *, mask, training, use_expected, noise,
-              recurrent=None, counterfactual=False):
-        """One recurrence step from `h_{t-1}, c_{t-1}`; `x_t` is the E y_{t-1} gate part.
+    def _step(self, x_t, state, per_step, seq: SequenceInputs):
+        """One recurrence step from `state = (h_{t-1}, c_{t-1})`; `x_t` is the E y_{t-1} gate part.
 
-        `recurrent`: inside the training loop, `(W_z, W_z^T, U, U^T)` for
-        `hoisted_gradients.matmul_without_weight_grad`; None uses the Dense layers.
-        `counterfactual`: hard attention in training: also return what this
-        step would have given with the expected context, `(h_e, z_e)` from
-        the same `h_{t-1}, c_{t-1}` (the `"expected"` reward baseline); else None.
+        `per_step`: this step's slice of the loop's other inputs (`attention_step.attend`).
+
+        Returns:
+          `((h_t, c_t), z_t, attended, expected)`: `attended` from `attention_step.attend`;
+          `expected` with `seq.counterfactual` (the sampling attentions' `"expected"`
+          reward baseline): `(h_e, z_e)` had the step used the expected context
+          (glimpse: the glimpse at the mean location) from the same
+          `h_{t-1}, c_{t-1}`; else None.
         """
-        weights, alpha, beta, sample_log_prob = self._attend(
-            h, projected, mask, training, use_expected, noise)
-        z = self.attention_layer.weighted_context(weights, annotations)   # (batch, D)
-        if beta is not None:
-            z = beta * z
-        if recurrent is None:
+        h, c = state
+        attended = attention_step.attend(self, h, seq, per_step)
+        z = attention_step.context(self, attended, seq.annotations)    # (batch, D)
+        if seq.recurrent is None:
             base = x_t + self.lstm_recurrent(h)
             gates = base + self.lstm_context(z)
         else:
-            w_z, w_z_t, u, u_t = recurrent
+            w_z, w_z_t, u, u_t = seq.recurrent
             base = x_t + hoisted_gradients.matmul_without_weight_grad(h, u, u_t)
             gates = base + hoisted_gradients.matmul_without_weight_grad(z, w_z, w_z_t)
         expected = None
-        if counterfactual:
-            z_e = tf.stop_gradient(self.attention_layer.weighted_context(alpha, annotations))
-            w_z = self.lstm_context.kernel if recurrent is None else recurrent[0]
+        if seq.counterfactual:
+            z_e = attended.get("expected_context")
+            if z_e is None:
+                z_e = self.attention_layer.weighted_context(attended["alpha"], seq.annotations)
+            z_e = tf.stop_gradient(z_e)
+            w_z = self.lstm_context.kernel if seq.recurrent is None else seq.recurrent[0]
             gates_e = tf.stop_gradient(base) + tf.matmul(z_e, tf.stop_gradient(
                 tf.cast(w_z, self.compute_dtype)))
             h_e, _ = self._cell(gates_e, tf.stop_gradient(c))
             expected = (h_e, z_e)
-        h, c = self._cell(gates, c)
-        return h, c, z, alpha, beta, sample_log_prob, expected
+        return self._cell(gates, c), z, attended, expected
 
     def _deep(self, embedded, h, z):
         """The deep-output vector `E y_{t-1} + L_h h_t + L_z z_t` (before dropout and `L_o`)."""
@@ -326,74 +266,21 @@ class ShowAttendTell(keras.Model):
     def _paired_logits(self, embedded, first, second, training):
         """`_logits` of two `(h, z)` sequences with one dropout mask for both."""
         deep = ops.stack([self._deep(embedded, h, z) for h, z in (first, second)])  # (2, b, T, m)
-        if training and self.dropout > 0:
+        if training and self.options.dropout > 0:
             shape = ops.shape(deep)
-            deep = keras.random.dropout(deep, self.dropout, noise_shape=(1,) + tuple(shape[1:]),
+            deep = keras.random.dropout(deep, self.options.dropout,
+                                        noise_shape=(1,) + tuple(shape[1:]),
                                         seed=self.output_dropout.seed_generator)
         logits = ops.cast(self.output_logits(deep), "float32")
         return logits[0], logits[1]
 
-    def _recurrence(self, x_gates, state, annotations, projected, *, mask, training,
-                    use_expected, noise):
-        """Runs `_step` over time in one `tf.while_loop`; inputs/outputs are batch-major."""
-        x_time = tf.transpose(x_gates, [1, 0, 2])                      # (T, batch, 4n)
-        steps = tf.shape(x_time)[0]
-        step_inputs = {}
-        recurrent = None
-        if self._hoist_weight_grads:
-            # W_z and U enter the loop without their gradient, which is added
-            # after the loop from the stacked step inputs (`models.hoisted_gradients`).
-            w_z = tf.cast(self.lstm_context.kernel, self.compute_dtype)
-            u = tf.cast(self.lstm_recurrent.kernel, self.compute_dtype)
-            recurrent = (tf.stop_gradient(w_z), tf.stop_gradient(tf.transpose(w_z)),
-                         tf.stop_gradient(u), tf.stop_gradient(tf.transpose(u)))
-            x_time = hoisted_gradients.hoisted_weight_grads(x_time, [w_z, u], step_inputs)
-        xs = tf.TensorArray(x_time.dtype, size=steps, element_shape=x_time.shape[1:])
-        xs = xs.unstack(x_time)
-        noises = None
-        if noise is not None:                                           # (T, batch, L)
-            noises = tf.TensorArray(noise.dtype, size=steps, element_shape=noise.shape[1:])
-            noises = noises.unstack(noise)
-
-        def array(dtype):
-            return tf.TensorArray(dtype, size=steps)
-
-        outputs = {"h": array(self.compute_dtype), "z": array(self.compute_dtype),
-                   "alpha": array("float32")}
-        if self._gated:
-            outputs["beta"] = array(self.compute_dtype)
-        if self._hard:
-            outputs["sample_log_prob"] = array("float32")
-        counterfactual = self._hard and training and self.reinforce_baseline == "expected"
-        if counterfactual:
-            outputs["h_expected"] = array(self.compute_dtype)
-            outputs["z_expected"] = array(self.compute_dtype)
-
-        def body(t, h, c, outputs):
-            noise_t = None if noises is None else noises.read(t)
-            h, c, z, alpha, beta, sample_log_prob, expected = self._step(
-                xs.read(t), h, c, annotations, projected, mask=mask, training=training,
-                use_expected=use_expected, noise=noise_t, recurrent=recurrent,
-                counterfactual=counterfactual)
-            values = {"h": h, "z": z, "alpha": alpha, "beta": beta,
-                      "sample_log_prob": sample_log_prob}
-            if expected is not None:
-                values["h_expected"], values["z_expected"] = expected
-            outputs = {k: ta.write(t, values[k]) for k, ta in outputs.items()}
-            return t + 1, h, c, outputs
-
-        h0, c0 = state
-        _, _, _, outputs = tf.while_loop(
-            lambda t, *_: t < steps, body, (tf.constant(0), h0, c0, outputs),
-            maximum_iterations=steps)
-        stacked = {key: ta.stack() for key, ta in outputs.items()}      # (T, batch, ...)
-        step_inputs[0] = stacked["z"]                                   # inputs of W_z
-        step_inputs[1] = tf.concat([h0[None], stacked["h"][:-1]], 0)    # inputs of U: h_{t-1}
-        result = {}
-        for key, value in stacked.items():
-            perm = [1, 0] + list(range(2, len(value.shape)))
-            result[key] = tf.transpose(value, perm)
-        return result
+    def _noise(self, tokens, annotations, training):
+        """The samplers' noise of every step, drawn before the loop: (T, batch, ...) or None."""
+        if not (training and self.options.samples):
+            return None
+        steps, batch = tf.shape(tokens)[1], tf.shape(annotations)[0]
+        last = 2 if self.options.attention == "glimpse" else tf.shape(annotations)[1]
+        return self.attention_layer.sample_noise(tf.stack([steps, batch, last]))
 
     def teacher_forced(self, annotations, tokens, mask=None, training=False,
                        use_expected=None):
@@ -403,30 +290,29 @@ class ShowAttendTell(keras.Model):
           annotations: (batch, L, D).
           tokens: (batch, T) int inputs.
           mask: optional (batch, L) bool over regions.
-          training: dropout, and hard attention samples its locations.
+          training: dropout, and the sampling attentions sample.
           use_expected: hard attention: scalar bool, use the expected context.
         Returns:
           dict: `logits` (batch, T, V), `alpha` (batch, T, L), `beta` (batch, T),
-          float32; hard attention also `sample_log_prob` (batch, T), and with
-          `reinforce_baseline="expected"` in training `expected_logits`.
+          float32; hard attention and glimpse also `sample_log_prob` (batch, T),
+          and with `reinforce_baseline="expected"` in training `expected_logits`;
+          the location-wise attentions `locations` (batch, T, 3), `guard` and
+          `guard_penalty` (batch, T); glimpse `baseline` (batch, T).
         """
+        o = self.options
         annotations = ops.cast(annotations, self.compute_dtype)        # (batch, L, D)
-        if not self.annotation_gradients:
+        if not o.annotation_gradients:
             annotations = ops.stop_gradient(annotations)
         tokens = ops.cast(tokens, "int32")                              # (batch, T)
         if mask is not None:
             mask = ops.cast(mask, "bool")
-        projected = self.project_annotations(annotations)               # (batch, L, A)
-        state = self.initial_state(annotations, mask)
         embedded = self.embedding(tokens)                               # (batch, T, m)
-        x_gates = self.lstm_input(embedded)                             # (batch, T, 4n)
-        noise = None
-        if self._hard and training:
-            shape = tf.shape(annotations)
-            noise = self.attention_layer.sample_noise(
-                tf.stack([tf.shape(tokens)[1], shape[0], shape[1]]))    # (T, batch, L)
-        rec = self._recurrence(x_gates, state, annotations, projected, mask=mask,
-                               training=training, use_expected=use_expected, noise=noise)
+        seq = SequenceInputs(
+            annotations, self.project_annotations(annotations), mask, training=training,
+            use_expected=use_expected,
+            counterfactual=o.samples and training and o.reinforce_baseline == "expected")
+        rec = recurrence.run(self, self.lstm_input(embedded), self.initial_state(annotations, mask),
+                             seq, self._noise(tokens, annotations, training))
         if "h_expected" in rec:
             # Both deep outputs share one dropout mask, so that the reward
             # minus its baseline measures the sampled context alone.
@@ -436,13 +322,16 @@ class ShowAttendTell(keras.Model):
                 training)
         else:
             logits, expected_logits = self._logits(embedded, rec["h"], rec["z"], training), None
-        if self._gated:
+        if o.gated:
             beta = ops.cast(ops.squeeze(rec["beta"], -1), "float32")
         else:
             beta = ops.ones_like(rec["alpha"][..., 0])
         out = {"logits": logits, "alpha": rec["alpha"], "beta": beta}
-        if self._hard:
-            out["sample_log_prob"] = rec["sample_log_prob"]             # (batch, T)
+        for key in ("sample_log_prob", "guard", "guard_penalty", "baseline"):
+            if key in rec:
+                out[key] = rec[key]                                     # (batch, T)
+        if "location" in rec:
+            out["locations"] = rec["location"]                          # (batch, T, 3)
         if expected_logits is not None:
             out["expected_logits"] = tf.stop_gradient(expected_logits)
         return out
@@ -451,8 +340,9 @@ class ShowAttendTell(keras.Model):
 
     def call(self, inputs, training=None):
         out = self.teacher_forced(inputs["annotations"], inputs["tokens"], inputs.get("mask"),
-                            training=bool(training))
-        return {"logits": out["logits"], "alpha": out["alpha"], "beta": out["beta"]}
+                                  training=bool(training))
+        keys = ("logits", "alpha", "beta") + (("locations",) if self.located else ())
+        return {key: out[key] for key in keys}
 
     def context_products(self, annotations):
         """`(a W_z, a L_z)`: every region through the LSTM and deep-output context weights.
@@ -463,6 +353,7 @@ class ShowAttendTell(keras.Model):
         once (single-image latency), where each step would stream the
         weights from memory for a handful of rows; it costs `L / steps`
         times more FLOPs, so large batches do without (see `models.decoding`).
+        Only for a context linear in the annotations (`linear_context`).
 
         Args:
           annotations: (batch, L, D).
@@ -472,34 +363,35 @@ class ShowAttendTell(keras.Model):
         a = ops.cast(annotations, self.compute_dtype)
         return self.lstm_context(a), self.output_context(a)
 
-    def decode_step(self, prev_tokens, state, annotations, projected, mask=None,
-                    context_products=None):
-        """One decoding step (inference: no dropout, hard attention per `hard_inference`).
+    def step_outputs(self, prev_tokens, state, annotations, projected, mask=None,
+                     context_products=None) -> dict:
+        """One decoding step (inference: no dropout, the sampling attentions at their mean).
 
         Args:
           prev_tokens: (batch,) int previous words (`<start>` first).
           state: `(h, c)` from `initial_state` or the previous step.
           annotations: (batch, L, D).
-          projected: (batch, L, attention_dim) from `project_annotations`.
+          projected: from `project_annotations`.
           mask: optional (batch, L) bool.
           context_products: optional `context_products(annotations)`, computed
-            once per caption; the same result up to float rounding.
+            once per caption; the same result up to float rounding (ignored
+            where the context is not linear in the annotations: glimpse).
         Returns:
-          `(log_probs, alpha, new_state)`: (batch, V) float32 log-softmax,
-          (batch, L) float32 attention of this step, and `(h, c)`.
+          dict: `log_probs` (batch, V) float32 log-softmax, `alpha` (batch, L)
+          float32 attention of this step, `state` `(h, c)`; the location-wise
+          attentions also `location` (batch, 3) float32.
         """
         if mask is not None:
             mask = ops.cast(mask, "bool")
         h, c = state
         embedded = self.embedding(ops.cast(prev_tokens, "int32"))      # (batch, m)
-        weights, alpha, beta, _ = self._attend(h, projected, mask)
-        if context_products is None:
-            z = self.attention_layer.weighted_context(weights, annotations)  # (batch, D)
-            if beta is not None:
-                z = beta * z
+        attended = attention_step.attend(self, h, SequenceInputs(annotations, projected, mask))
+        beta = attended["beta"]
+        if context_products is None or attended["weights"] is None:
+            z = attention_step.context(self, attended, annotations)    # (batch, D)
             z_gates, z_out = self.lstm_context(z), self.output_context(z)
         else:
-            weights = ops.cast(weights, self.compute_dtype)
+            weights = ops.cast(attended["weights"], self.compute_dtype)
             z_gates = ops.einsum("bl,blg->bg", weights, context_products[0])  # (batch, 4n)
             z_out = ops.einsum("bl,blm->bm", weights, context_products[1])    # (batch, m)
             if beta is not None:
@@ -507,7 +399,17 @@ class ShowAttendTell(keras.Model):
         h, c = self._cell(self.lstm_input(embedded) + z_gates + self.lstm_recurrent(h), c)
         deep = embedded + self.output_hidden(h) + z_out
         log_probs = ops.log_softmax(ops.cast(self.output_logits(deep), "float32"), axis=-1)
-        return log_probs, alpha, (h, c)
+        out = {"log_probs": log_probs, "alpha": attended["alpha"], "state": (h, c)}
+        if "location" in attended:
+            out["location"] = attended["location"]
+        return out
+
+    def decode_step(self, prev_tokens, state, annotations, projected, mask=None,
+                    context_products=None):
+        """`step_outputs` as `(log_probs, alpha, new_state)`."""
+        out = self.step_outputs(prev_tokens, state, annotations, projected, mask,
+                                context_products)
+        return out["log_probs"], out["alpha"], out["state"]
 
     def update_baseline(self, mean_reward, skip=None):
         """Moves the REINFORCE baseline (`models.objective.update_baseline`).
@@ -516,6 +418,13 @@ class ShowAttendTell(keras.Model):
         with `update_baseline=False` there.
         """
         objective.update_baseline(self, mean_reward, skip)
+
+    def guard_rate(self) -> float | None:
+        """The share of training steps (example x word) whose location the guard clamped."""
+        if not self.located:
+            return None
+        checked = float(self.guard_checked.numpy())
+        return float(self.guard_fired.numpy()) / checked if checked else 0.0
 
     def compute_loss_terms(self, annotations, tokens, mask=None, training=True,
                            global_batch_size=None, update_baseline=True):
@@ -548,23 +457,12 @@ class ShowAttendTell(keras.Model):
         config = self.get_config()
         config["dtype"] = "float32"
         twin = type(self).from_config(config)
-        twin.build((None, None, self._annotation_dim))
+        twin.build((None, self._regions, self._annotation_dim))
         twin.set_weights(self.get_weights())
         return twin
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "vocab_size": self.vocab_size, "embedding_dim": self.embedding_dim,
-            "hidden_dim": self.hidden_dim, "attention_dim": self.attention_dim,
-            "attention": self.attention, "dropout": self.dropout, "use_gate": self.use_gate,
-            "doubly_stochastic_lambda": self.doubly_stochastic_lambda,
-            "entropy_lambda": self.entropy_lambda, "reinforce_lambda": self.reinforce_lambda,
-            "expected_alpha_prob": self.expected_alpha_prob,
-            "expected_alpha_warmup": self.expected_alpha_warmup,
-            "reinforce_credit": self.reinforce_credit,
-            "reinforce_baseline": self.reinforce_baseline,
-            "baseline_decay": self.baseline_decay, "hard_inference": self.hard_inference,
-            "seed": self.seed, "annotation_gradients": self.annotation_gradients,
-        })
+        config.update({"vocab_size": self.vocab_size, "seed": self.seed,
+                       **dataclasses.asdict(self.options)})
         return config

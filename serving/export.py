@@ -2,7 +2,10 @@
 
 `serving_default`: `image_bytes` (tf.string `[batch]`, JPEG/PNG/BMP/GIF) ->
 `caption` (string), `tokens` (int32 `[batch, T]`), `lengths` (int32),
-`score` (float32 log-probability), `attention` (float32 `[batch, T, H, W]`).
+`score` (float32 log-probability), `attention` (float32 `[batch, T, H, W]`);
+a decoder with a location-wise attention (glimpse, spatial transformer) also
+`locations` (float32 `[batch, T, 3]`: each word's window centre x, y and
+scale, in grid coordinates where -1 and 1 are the image's edges).
 `caption_annotations`: the same outputs from `annotations` (`[batch, L, D]`).
 Decoding, resizing, the encoder, beam search and the id-to-word lookup all
 run in the graph with core TensorFlow ops, so stock TF Serving loads it.
@@ -68,10 +71,13 @@ class CaptionerModule:
         tokens = tf.cast(out["tokens"], tf.int32)
         lengths = tf.cast(out["lengths"], tf.int32)
         h, w, _ = self.grid
-        return {"caption": _captions_from_tokens(tf, self.vocab, tokens, lengths),
-                "tokens": tokens, "lengths": lengths,
-                "score": tf.cast(out["scores"], tf.float32),
-                "attention": tf.cast(attention_to_grid(out["attention"], h, w), tf.float32)}
+        outputs = {"caption": _captions_from_tokens(tf, self.vocab, tokens, lengths),
+                   "tokens": tokens, "lengths": lengths,
+                   "score": tf.cast(out["scores"], tf.float32),
+                   "attention": tf.cast(attention_to_grid(out["attention"], h, w), tf.float32)}
+        if "locations" in out:
+            outputs["locations"] = tf.cast(out["locations"], tf.float32)
+        return outputs
 
     def caption_images(self, image_bytes):
         """Decodes and resizes the images, encodes them and captions them."""

@@ -185,7 +185,9 @@ def _properties(run: TrainedRun) -> dict:
         **_precision_properties(run),
         "weights_digest": checkpointing.weights_digest(run.model),
     }
-    if mcfg.attention == "hard":
+    if mcfg.attention in ("hard", "glimpse"):
         properties["baseline"] = scalar_value(run.model.reward_baseline)
+    if run.model.located:
+        properties["guard_rate"] = run.model.guard_rate()
     properties.update(run.extra)
     return properties

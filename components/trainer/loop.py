@@ -319,7 +319,8 @@ class TrainingLoop:
 
     def _write_summaries(self, step: int, out: dict) -> None:
         summaries.write_step_summaries(
-            self.writer, step, out, self.optimizer, hard=self.model.attention == "hard",
+            self.writer, step, out, self.optimizer,
+            hard=self.model.attention in ("hard", "glimpse"), located=self.model.located,
             throughput=self.timing.throughput(), wait_fraction=self.timing.wait_fraction())
 
     def _train_step(self, bar) -> None:

@@ -18,12 +18,14 @@ def build_model(model_config, vocab_size: int, grid_shape, seed: int | None = No
     Returns:
       The built model.
     """
+    from models.decoder_options import DecoderOptions
     from models.show_attend_tell import ShowAttendTell
     h, w, d = (int(v) for v in grid_shape)
-    kwargs = dataclasses.asdict(model_config)
-    warmup_epochs = kwargs.pop("expected_alpha_warmup_epochs")
-    kwargs["expected_alpha_warmup"] = round(warmup_epochs * steps_per_epoch)
-    model = ShowAttendTell(vocab_size, seed=seed, **kwargs)
+    fields = dataclasses.asdict(model_config)
+    warmup_epochs = fields.pop("expected_alpha_warmup_epochs")
+    options = DecoderOptions(**fields, expected_alpha_warmup=round(warmup_epochs * steps_per_epoch),
+                             grid_height=h, grid_width=w)
+    model = ShowAttendTell(vocab_size, options, seed=seed)
     model.build((None, h * w, d))
     return model
 

@@ -16,9 +16,10 @@ from typing import Callable
 
 SUM_KEYS = ("loss", "nll_sum", "num_tokens", "penalty_sum", "entropy_sum", "examples")
 MEAN_KEYS = ("grad_norm", "baseline", "reward", "reinforce_term", "used_expected_alpha",
-             "loss_scale")
-# Hard-attention terms of `compute_loss_terms`, zeros for soft attention.
-_HARD_KEYS = ("baseline", "reward", "reinforce_term", "used_expected_alpha")
+             "loss_scale", "guard_rate")
+# Terms of `compute_loss_terms` that only some attentions have (hard and
+# glimpse: REINFORCE; glimpse and spatial transformer: the location guard), else zeros.
+_HARD_KEYS = ("baseline", "reward", "reinforce_term", "used_expected_alpha", "guard_rate")
 
 
 def make_train_step(strategy, model, optimizer, clip_norm: float, global_batch_size: int,
@@ -109,7 +110,7 @@ def _make_replica_step(strategy, model, optimizer, clip_norm: float,
         local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
         global_tokens = ctx.all_reduce(SUM, local_tokens) if replicas > 1 else local_tokens
         grads, out = gradients(batch["annotations"], tokens, global_tokens)
-        if model.attention == "hard":
+        if model.attention in ("hard", "glimpse"):
             # Mean-aggregated variables: every replica ends with the mean update.
             model.update_baseline(out["reward"], skip=out["used_expected_alpha"] > 0.5)
         out["grad_norm"], out["loss_scale"] = apply(grads)

@@ -28,7 +28,7 @@ def summary_text(tag: str, text: str, step: int) -> None:
 
 
 def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
-                         throughput: float, wait_fraction: float) -> None:
+                         throughput: float, wait_fraction: float, located: bool = False) -> None:
     """The `train/*` scalars of one step.
 
     Args:
@@ -36,9 +36,10 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
       step: the global step.
       out: the step's results (`step.SUM_KEYS` and `step.MEAN_KEYS`, floats).
       optimizer: for the current learning rate.
-      hard: hard attention: also the REINFORCE terms.
+      hard: hard attention or glimpse: also the REINFORCE terms.
       throughput: examples per second so far.
       wait_fraction: the share of step time spent waiting for input.
+      located: a location-wise attention: also the share of steps its guard clamped.
     """
     tokens = max(out["num_tokens"], 1.0)
     values = {
@@ -54,6 +55,8 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
     if hard:
         for key in ("baseline", "reward", "reinforce_term", "used_expected_alpha"):
             values[f"train/{key}"] = out[key]
+    if located:
+        values["train/guard_rate"] = out["guard_rate"]
     if out["loss_scale"] != 1.0:
         values["train/loss_scale"] = out["loss_scale"]
     write_scalars(writer, values, step)

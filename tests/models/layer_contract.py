@@ -15,8 +15,10 @@
     eager call, give the expected shapes and dtypes; a `tf.function` call
     gives the eager outputs (the trainer and the export trace the layer);
   * one training step in a `tf.function`: every trainable weight gets a
-    finite, nonzero gradient and an SGD step changes it; a layer without
-    weights must pass gradients back to its float inputs;
+    finite, nonzero gradient and an SGD step changes it (except the weights
+    named in `zero_gradient_weights`, whose first gradient must be exactly
+    zero: those behind a zero-initialized layer); a layer without weights
+    must pass gradients back to its float inputs;
   * mixed precision (`mixed_float16`, `mixed_bfloat16`), through the `dtype`
     argument and through the global policy: variables stay float32, float
     outputs come in the compute dtype except those named float32 (softmax
@@ -52,7 +54,8 @@ def run_layer_test(cls: type, init_kwargs: Mapping[str, Any], input_data,
                    expected_num_non_trainable_variables: int = 0,
                    call_kwargs: Mapping[str, Any] | None = None,
                    training_kwargs: Mapping[str, Any] | None = None,
-                   float32_outputs: Sequence[int] = ()) -> None:
+                   float32_outputs: Sequence[int] = (),
+                   zero_gradient_weights: Sequence[str] = ()) -> None:
     """Runs the whole layer contract for `cls` (see the module docstring).
 
     Args:
@@ -73,6 +76,9 @@ def run_layer_test(cls: type, init_kwargs: Mapping[str, Any], input_data,
         default `call_kwargs` plus `training=True` where `call` takes it.
       float32_outputs: indices (into the flattened outputs) that stay float32
         under mixed precision.
+      zero_gradient_weights: paths below the layer (as in `expected_weights`)
+        whose gradient in the first step is exactly zero by construction
+        (e.g. the layers before a zero-initialized output kernel).
     """
     init_kwargs = dict(init_kwargs)
     inputs = _as_tuple(input_data)
@@ -103,7 +109,7 @@ def run_layer_test(cls: type, init_kwargs: Mapping[str, Any], input_data,
         np.testing.assert_allclose(np.asarray(e), np.asarray(g), rtol=1e-5, atol=1e-6,
                                    err_msg="tf.function call differs from the eager call")
 
-    _check_training_step(cls(**init_kwargs), inputs, training_kwargs)
+    _check_training_step(cls(**init_kwargs), inputs, training_kwargs, zero_gradient_weights)
     for name in PRECISION_POLICIES:
         _check_precision(cls, init_kwargs, inputs, call_kwargs, expected_shapes,
                          float32_outputs, name)
@@ -230,7 +236,7 @@ def _check_save_and_load(cls, init_kwargs, inputs):
         np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
 
 
-def _check_training_step(layer, inputs, training_kwargs):
+def _check_training_step(layer, inputs, training_kwargs, zero_gradient_weights=()):
     """One compiled gradient step reaches every weight (or, without weights, the inputs)."""
     tensors = [tf.constant(x) for x in inputs]
     float_inputs = [t for t in tensors if t.dtype.is_floating]
@@ -250,15 +256,23 @@ def _check_training_step(layer, inputs, training_kwargs):
     if not layer.trainable_weights:
         assert float_inputs, "a layer without weights and without float inputs"
     names = [w.path for w in layer.trainable_weights] or [f"input {i}" for i in range(len(grads))]
+    zero = {w.path for w in layer.trainable_weights
+            if w.path.split("/", 1)[1] in set(zero_gradient_weights)}
+    assert len(zero) == len(set(zero_gradient_weights)), "unknown zero_gradient_weights"
     for name, g in zip(names, grads):
         assert g is not None, f"{name} gets no gradient"
         g = np.asarray(tf.convert_to_tensor(g))
-        assert np.isfinite(g).all() and np.any(g != 0), f"{name}: zero or non-finite gradient"
+        assert np.isfinite(g).all(), f"{name}: non-finite gradient"
+        if name in zero:
+            assert not np.any(g != 0), f"{name}: nonzero gradient (listed as zero)"
+        else:
+            assert np.any(g != 0), f"{name}: zero gradient"
     if layer.trainable_weights:
         before = [np.array(w.numpy()) for w in layer.trainable_weights]
         keras.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_weights))
         for b, w in zip(before, layer.trainable_weights):
-            assert not np.array_equal(b, w.numpy()), f"{w.path} did not change"
+            assert np.array_equal(b, w.numpy()) == (w.path in zero), \
+                f"{w.path} {'changed' if w.path in zero else 'did not change'}"
 
 
 def _check_precision(cls, init_kwargs, inputs, call_kwargs, expected_shapes, float32_outputs,

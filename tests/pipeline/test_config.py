@@ -59,8 +59,8 @@ def test_reference_lists_every_key():
 
 def test_enumerated_values_are_checked_with_the_choices():
     with pytest.raises(config_lib.ConfigError,
-                       match=r"model.attention='sfot' is not one of: soft, hard "
-                             r"\(did you mean 'soft'\?\)"):
+                       match=r"model.attention='sfot' is not one of: soft, hard, glimpse, "
+                             r"spatial_transformer \(did you mean 'soft'\?\)"):
         config_lib.load_config("tiny", ["model.attention=sfot"])
     with pytest.raises(config_lib.ConfigError, match="did you mean 'cosine'"):
         config_lib.load_config("tiny", ["train.lr_schedule=cosin"])

@@ -80,8 +80,9 @@ class PreprocessConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The attention decoder (Xu et al. 2015, sections 3-4)."""
-    attention: str = "soft"            # soft | hard
+    """The attention decoder (Xu et al. 2015, sections 3-4; the attention types: docs/attention.md)."""
+    attention: str = "soft"            # soft | hard | glimpse (location-wise hard, RAM) | spatial_transformer (location-wise soft)
+    attention_score: str = "additive"  # soft/hard: additive (paper) | general | dot | concat (Luong et al. 2015)
     embedding_dim: int = 128           # word embedding size m
     hidden_dim: int = 256              # LSTM size n
     attention_dim: int = 128           # hidden size of the attention MLP f_att
@@ -96,6 +97,15 @@ class ModelConfig:
     reinforce_credit: str = "sequence"  # hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))
     reinforce_baseline: str = "moving_average"  # hard: moving_average (paper) | expected (per word: log p(y_t) with the expected context; token credit)
     hard_inference: str = "expected"   # expected | argmax
+    glimpse_std: float = 0.1           # glimpse: std of the location policy in grid coordinates ([-1, 1]); >= 0.001
+    glimpse_patches: int = 2           # glimpse: k patches per glimpse
+    glimpse_size: int = 3              # glimpse: g x g samples per patch
+    glimpse_scale: float = 2.0         # glimpse: each patch s times wider than the last
+    transform: str = "attention"       # spatial_transformer: attention ([[s,0,tx],[0,s,ty]]) | affine (full 2x3)
+    transform_scale: float = 0.5       # spatial_transformer: initial window half-width in grid coordinates (1 = whole grid)
+    transform_scale_min: float = 0.1   # spatial_transformer: the guard's smallest window scale
+    transform_scale_max: float = 1.0   # spatial_transformer: the guard's largest window scale
+    location_channels: int = 4         # glimpse/spatial_transformer: per-cell numbers of the image map the location network reads (0 = the LSTM state only)
 
 
 @dataclass(frozen=True)

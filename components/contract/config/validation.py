@@ -1,6 +1,7 @@
 """The checks a resolved config passes before any stage runs, and the near-miss suggestions."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 from components.contract.config.sections import (ConfigError, PipelineConfig,
@@ -24,6 +25,15 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
 def _choice_error(key: str, value: str, choices: Sequence[str]) -> ConfigError:
     return ConfigError(f"{key}={value!r} is not one of: {', '.join(choices)}"
                        f"{did_you_mean(value, choices)}")
+
+
+def _check_decoder_options(model) -> None:
+    """The decoder's own check of the `model` section (`models.decoder_options`, no TensorFlow)."""
+    from models.decoder_options import check_options
+    try:
+        check_options(dataclasses.asdict(model))
+    except ValueError as e:
+        raise ConfigError(f"model.{e}") from None
 
 
 def validate(config: PipelineConfig) -> PipelineConfig:
@@ -77,6 +87,7 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")
+    _check_decoder_options(model)
     most = MAX_OBJECTS.get(data.source, 3)
     if data.source in MAX_OBJECTS and not 1 <= data.min_objects <= data.max_objects <= most:
         raise ConfigError(f"data.min_objects={data.min_objects} and data.max_objects="
