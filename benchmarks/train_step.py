@@ -54,6 +54,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from benchmarks.results import write_result  # noqa: E402
+
 SIZES = dict(batch=64, length=20, regions=64, dim=2048, embedding=256, hidden=512,
              attention=512, vocab=5000)
 
@@ -76,8 +78,7 @@ def cpu_has_bf16() -> bool:
     return bool(set(BF16_CPU_FLAGS) & cpu_flags())
 
 
-def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab,
-                kind="soft", score="additive", **_):
+def model_flops(sizes: dict, kind: str = "soft", score: str = "additive") -> int:
     """Matmul FLOPs of one training step of our decoder (forward + backward).
 
     A matmul of (m, k) x (k, n) costs 2mkn forward and twice that backward
@@ -85,8 +86,11 @@ def model_flops(batch, length, regions, dim, embedding, hidden, attention, vocab
     annotations), which needs no gradient. `length` tokens give `length - 1`
     steps. `kind` and `score`: the attention type and region score; the
     location-wise types use a 3x3 retina of 2 patches and a 4-channel map.
+    `sizes`: as `SIZES`.
     """
-    b, t, l, d, e, n, a, v = batch, length - 1, regions, dim, embedding, hidden, attention, vocab
+    b, t, l, d, e, n, a, v = (sizes["batch"], sizes["length"] - 1, sizes["regions"],
+                              sizes["dim"], sizes["embedding"], sizes["hidden"],
+                              sizes["attention"], sizes["vocab"])
     lstm = 2 * b * d * 4 * n + 2 * b * n * 4 * n                     # LSTM: z W_z, h U
     context = 2 * 2 * b * l * d              # sum_i alpha_i a_i: forward + d alpha
     if kind == "glimpse":
@@ -212,7 +216,7 @@ def time_steps(step, annotations, captions, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=3, help="alternating repeats (median)")
@@ -231,8 +235,46 @@ def main(argv=None):
     parser.add_argument("--attention-score", default="additive",
                         choices=("additive", "general", "dot", "concat"),
                         help="our region score, soft and hard (model.attention_score)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _measure(args, steps: dict, data: tuple, peaks: dict) -> dict:
+    """Alternating timed repeats: {"first_call_s", "wall", "cpu", "peak"} per step / policy."""
+    out = {"first_call_s": {}, "wall": {name: [] for name in steps},
+           "cpu": {name: [] for name in steps}, "peak": {policy: [] for policy in peaks}}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        float(step(*data))
+        out["first_call_s"][name] = round(time.perf_counter() - start, 1)
+        for _ in range(args.warmup):
+            float(step(*data))
+    for r in range(args.repeats):
+        for name, step in steps.items():
+            wall, cpu = time_steps(step, *data, args.steps)
+            out["wall"][name].append(wall)
+            out["cpu"][name].append(cpu)
+        for policy, peak in peaks.items():
+            out["peak"][policy].append(statistics.median(peak() for _ in range(3)))
+        matmul = ", ".join(f"{policy} matmul {gflops[-1]:.1f} GFLOP/s"
+                           for policy, gflops in out["peak"].items())
+        print(f"repeat {r + 1}/{args.repeats}: ours {out['wall']['ours'][-1]:.3f} s/step, "
+              f"baseline {out['wall']['baseline'][-1]:.3f} s/step, {matmul}",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def _step_figures(flops: float, walls: list, cpus: list, tokens: int, peak: float) -> dict:
+    step_s, cpu_s = statistics.median(walls), statistics.median(cpus)
+    gflops = flops / step_s / 1e9
+    return {"step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
+            "step_s_all": [round(x, 4) for x in walls],
+            "cpu_s_per_step": round(cpu_s, 4), "tokens_per_cpu_s": round(tokens / cpu_s, 1),
+            "gflop_per_step": round(flops / 1e9, 2), "achieved_gflops": round(gflops, 1),
+            "fraction_of_peak": round(gflops / peak, 3)}
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     import keras
     import tensorflow as tf
     from components.contract.precision import resolve
@@ -240,9 +282,7 @@ def main(argv=None):
     print(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})",
           file=sys.stderr, flush=True)
     sizes = dict(SIZES, batch=args.batch)
-    annotations, captions = make_data(sizes)
     tokens = sizes["batch"] * (sizes["length"] - 1)
-
     baseline_policy = chosen.policy if args.baseline_precision == "same" else "float32"
     keras.mixed_precision.set_global_policy(chosen.policy)
     ours = our_step(sizes, jit=args.jit == "on", attention=args.attention,
@@ -250,33 +290,10 @@ def main(argv=None):
     keras.mixed_precision.set_global_policy(baseline_policy)
     baseline = baseline_step()
     keras.mixed_precision.set_global_policy("float32")
-    policies = list(dict.fromkeys([chosen.policy, baseline_policy]))
-    peaks = {policy: matmul_peak(policy) for policy in policies}
-
-    compile_s = {}
-    for name, step in (("ours", ours), ("baseline", baseline)):
-        start = time.perf_counter()
-        float(step(annotations, captions))
-        compile_s[name] = round(time.perf_counter() - start, 1)
-        for _ in range(args.warmup):
-            float(step(annotations, captions))
-    times = {"ours": [], "baseline": []}
-    peak_times = {policy: [] for policy in peaks}
-    cpu_times = {"ours": [], "baseline": []}
-    for r in range(args.repeats):
-        for name, step in (("ours", ours), ("baseline", baseline)):
-            wall, cpu = time_steps(step, annotations, captions, args.steps)
-            times[name].append(wall)
-            cpu_times[name].append(cpu)
-        for policy, peak in peaks.items():
-            peak_times[policy].append(statistics.median(peak() for _ in range(3)))
-        matmul = ", ".join(f"{policy} matmul {gflops[-1]:.1f} GFLOP/s"
-                           for policy, gflops in peak_times.items())
-        print(f"repeat {r + 1}/{args.repeats}: ours {times['ours'][-1]:.3f} s/step, "
-              f"baseline {times['baseline'][-1]:.3f} s/step, {matmul}",
-              file=sys.stderr, flush=True)
-
-    peak_gflops = {policy: statistics.median(gflops) for policy, gflops in peak_times.items()}
+    peaks = {policy: matmul_peak(policy)
+             for policy in dict.fromkeys([chosen.policy, baseline_policy])}
+    runs = _measure(args, {"ours": ours, "baseline": baseline}, make_data(sizes), peaks)
+    peak_gflops = {policy: statistics.median(g) for policy, g in runs["peak"].items()}
     result = {"benchmark": "train_step", "machine": cpu_model(), "cpus": os.cpu_count(),
               "tensorflow": tf.__version__, "precision": chosen.policy,
               "precision_requested": chosen.requested, "precision_reason": chosen.reason,
@@ -284,28 +301,22 @@ def main(argv=None):
               "bf16_native": cpu_has_bf16(), "jit_compile": args.jit == "on",
               "attention": args.attention, "attention_score": args.attention_score,
               "sizes": sizes, "tokens_per_step": tokens, "steps": args.steps,
-              "repeats": args.repeats, "first_call_s": compile_s,
+              "repeats": args.repeats, "first_call_s": runs["first_call_s"],
               "peak_matmul_gflops": round(peak_gflops[chosen.policy], 1)}
     if baseline_policy != chosen.policy:
         result["baseline_peak_matmul_gflops"] = round(peak_gflops[baseline_policy], 1)
-    our_flops = model_flops(**sizes, kind=args.attention, score=args.attention_score)
-    for name, flops, policy in (("ours", our_flops, chosen.policy),
-                                ("baseline", baseline_flops(**sizes), baseline_policy)):
-        step_s = statistics.median(times[name])
-        gflops = flops / step_s / 1e9
-        cpu_s = statistics.median(cpu_times[name])
-        result[name] = {"step_s": round(step_s, 4), "tokens_per_s": round(tokens / step_s, 1),
-                        "step_s_all": [round(x, 4) for x in times[name]],
-                        "cpu_s_per_step": round(cpu_s, 4),
-                        "tokens_per_cpu_s": round(tokens / cpu_s, 1),
-                        "gflop_per_step": round(flops / 1e9, 2),
-                        "achieved_gflops": round(gflops, 1),
-                        "fraction_of_peak": round(gflops / peak_gflops[policy], 3)}
+    for name, flops, policy in (
+            ("ours", model_flops(sizes, args.attention, args.attention_score), chosen.policy),
+            ("baseline", baseline_flops(**sizes), baseline_policy)):
+        result[name] = _step_figures(flops, runs["wall"][name], runs["cpu"][name], tokens,
+                                     peak_gflops[policy])
     result["ratio"] = round(result["ours"]["tokens_per_s"] / result["baseline"]["tokens_per_s"], 3)
     # Under a shared CPU, the ratio of CPU seconds is the steadier figure.
     result["ratio_cpu_time"] = round(result["ours"]["tokens_per_cpu_s"]
                                      / result["baseline"]["tokens_per_cpu_s"], 3)
     print(json.dumps(result))
+    write_result("train_step", result, argv=argv,
+                 variant=f"{args.attention}-{args.attention_score}-{chosen.policy}")
     return result
 
 

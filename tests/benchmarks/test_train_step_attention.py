@@ -28,5 +28,5 @@ def test_the_chosen_attention_is_timed_against_the_tutorial(flags, attention, sc
     sizes = result["sizes"]
     # general: fewer matmul FLOPs than the paper's additive MLP (W's gradient is hoisted)
     assert result["ours"]["gflop_per_step"] == pytest.approx(
-        bench.model_flops(**sizes, kind=attention, score=score) / 1e9, abs=0.01)
-    assert bench.model_flops(**sizes, score="general") < bench.model_flops(**sizes)
+        bench.model_flops(sizes, kind=attention, score=score) / 1e9, abs=0.01)
+    assert bench.model_flops(sizes, score="general") < bench.model_flops(sizes)
