@@ -10,7 +10,7 @@ from keras import ops
 
 from models import grid_sampling
 from models.decoder_options import MIN_GLIMPSE_STD as MIN_STD
-from models.location_network import LocationNetwork
+from models.location_network import AnnotationsAndStateBuild, LocationNetwork
 
 # Pre-tanh bound of the location mean (tanh(2) = 0.964): beyond it the mean
 # is within 4% of the border, tanh's gradient is under 0.07 and a policy that
@@ -20,7 +20,7 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 @keras.saving.register_keras_serializable(package="captioner")
-class GlimpseAttention(keras.layers.Layer):
+class GlimpseAttention(AnnotationsAndStateBuild, keras.layers.Layer):
     """A glimpse at a sampled location: RAM's location, sensor and glimpse networks.
 
     At step t the location network (`LocationNetwork` on `h_{t-1}`, whose
@@ -134,15 +134,6 @@ class GlimpseAttention(keras.layers.Layer):
         self._resolution = [float(v) for v in resolution / resolution.sum()]
         self._shapes = ([None, regions, dim], [None, int(hidden_shape[-1])])
         self.built = True
-
-    def get_build_config(self):
-        if not self.built:
-            return None
-        return {"annotations_shape": self._shapes[0], "hidden_shape": self._shapes[1]}
-
-    def build_from_config(self, config):
-        if config:
-            self.build(tuple(config["annotations_shape"]), tuple(config["hidden_shape"]))
 
     # ---------------------------------------------------------------- pieces
 

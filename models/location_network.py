@@ -7,8 +7,25 @@ import keras
 from keras import ops
 
 
+class AnnotationsAndStateBuild:
+    """Keras build-config round trip for a layer built from (annotations, state) shapes.
+
+    The layer's `build(annotations_shape, hidden_shape)` sets `self._shapes`
+    to the two shapes; saving and loading rebuild it from them.
+    """
+
+    def get_build_config(self):
+        if not self.built:
+            return None
+        return {"annotations_shape": self._shapes[0], "hidden_shape": self._shapes[1]}
+
+    def build_from_config(self, config):
+        if config:
+            self.build(tuple(config["annotations_shape"]), tuple(config["hidden_shape"]))
+
+
 @keras.saving.register_keras_serializable(package="captioner")
-class LocationNetwork(keras.layers.Layer):
+class LocationNetwork(AnnotationsAndStateBuild, keras.layers.Layer):
     """`out = m (W_o relu(W_h h + U vec(a C) + b) + b_o)`, in float32.
 
     The location network of a glimpse (Mnih et al. 2014) and the
@@ -87,15 +104,6 @@ class LocationNetwork(keras.layers.Layer):
                                            autocast=False, name="output_bias")
         self._shapes = ([None, regions, dim], [None, int(hidden_shape[-1])])
         self.built = True
-
-    def get_build_config(self):
-        if not self.built:
-            return None
-        return {"annotations_shape": self._shapes[0], "hidden_shape": self._shapes[1]}
-
-    def build_from_config(self, config):
-        if config:
-            self.build(tuple(config["annotations_shape"]), tuple(config["hidden_shape"]))
 
     def project(self, annotations):
         """`U vec(a C)`: (batch, L, D) -> (batch, units), compute dtype; zeros without a map."""

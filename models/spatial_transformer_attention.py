@@ -9,7 +9,7 @@ from keras import ops
 
 from models import grid_sampling
 from models.decoder_options import TRANSFORMS as FORMS
-from models.location_network import LocationNetwork
+from models.location_network import AnnotationsAndStateBuild, LocationNetwork
 
 # Multiplies the localization network's output layer: the transform's step
 # size under Adam, a tenth of the decoder's (Jaderberg et al. train the
@@ -22,7 +22,7 @@ MIN_HALF_WIDTH = 1.25
 
 
 @keras.saving.register_keras_serializable(package="captioner")
-class SpatialTransformerAttention(keras.layers.Layer):
+class SpatialTransformerAttention(AnnotationsAndStateBuild, keras.layers.Layer):
     """A differentiable window on the annotation grid, placed by a localization network.
 
     At step t the localization network (`LocationNetwork` on `h_{t-1}` and a
@@ -104,15 +104,6 @@ class SpatialTransformerAttention(keras.layers.Layer):
             self._points = np.stack(np.meshgrid(u, u), -1).reshape(-1, 2)   # (k*k, 2) (u, v)
         self._shapes = ([None, regions, int(annotations_shape[-1])], [None, int(hidden_shape[-1])])
         self.built = True
-
-    def get_build_config(self):
-        if not self.built:
-            return None
-        return {"annotations_shape": self._shapes[0], "hidden_shape": self._shapes[1]}
-
-    def build_from_config(self, config):
-        if config:
-            self.build(tuple(config["annotations_shape"]), tuple(config["hidden_shape"]))
 
     def project(self, annotations):
         """The localization network's map of the grid (batch, units), once per sequence."""
