@@ -1,0 +1,187 @@
+"""Benchmark: every attention type and score on one pipeline root, same data, budget and seed.
+
+    python benchmarks/attention_types.py --config scenes --root runs/scenes
+    python benchmarks/attention_types.py --config demo --root R --seeds 0,1 \\
+        --set encoder.mixed_precision=float32 --set train.mixed_precision=float32
+
+For each model (`--models`, default soft/additive, soft/general, soft/dot,
+hard/additive, glimpse and spatial_transformer) and seed it runs the
+Trainer, Exporter and Evaluator on the root's data (`captioner run --config
+C --root R --stages ExampleGen,EncoderTrainer,Preprocess,Trainer,Exporter,Evaluator
+--set model.attention=... --set model.attention_score=... --set
+train.seed=S`; the data stages run once and are cached after). Models named
+in `--second-seed` run once per seed in `--seeds`, the others with the
+first seed only.
+
+Records each run's test metrics (every coco-caption metric, attribute and
+relation accuracy, grounding and noun grounding), the Trainer's seconds and
+seconds per step, the Evaluator's decode milliseconds per test image (beam
+`eval.beam_size`, one image per call, through `serving_default`) and the
+guard rate of the location-wise types. With `--figure` it stacks each
+model's attention figure of the same test images (the Evaluator draws the
+smallest image ids) into one PNG, a row per model.
+
+Prints the CPU, a Markdown table and one JSON line at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MODELS = ("soft:additive", "soft:general", "soft:dot", "hard:additive", "glimpse",
+          "spatial_transformer")
+STAGES = "ExampleGen,EncoderTrainer,Preprocess,Trainer,Exporter,Evaluator"
+METRICS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy",
+           "relation_accuracy", "grounding", "grounding_noun")
+TABLE = (("Bleu_4", "Bleu_4"), ("METEOR", "METEOR"), ("ROUGE_L", "ROUGE_L"),
+         ("CIDEr", "CIDEr"), ("attribute", "attribute_accuracy"),
+         ("relation", "relation_accuracy"), ("grounding", "grounding"),
+         ("noun grounding", "grounding_noun"))
+
+
+def model_overrides(model: str) -> list[str]:
+    """`soft:general` -> the `--set` items of that attention and score."""
+    attention, _, score = model.partition(":")
+    items = [f"model.attention={attention}"]
+    if score:
+        items.append(f"model.attention_score={score}")
+    return items
+
+
+def run_model(root: str, config: str, overrides: list[str]) -> dict:
+    """Runs the stages on `root` with `overrides`; returns the figures of that run."""
+    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root,
+               "--stages", STAGES]
+    for item in overrides:
+        command += ["--set", item]
+    start = time.time()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    with open(os.path.join(root, "run_summary.json")) as f:
+        summary = json.load(f)
+    stages, metrics = summary["stages"], summary["metrics"]
+    with open(os.path.join(stages["Trainer"]["outputs"]["model"], "artifact.json")) as f:
+        properties = json.load(f)["properties"]
+    trainer_s = stages["Trainer"].get("seconds")
+    steps = properties.get("steps") or 0
+    return {
+        "metrics": {k: metrics.get(k) for k in METRICS},
+        "trainer_status": stages["Trainer"]["status"],
+        "trainer_s": trainer_s,
+        "train_seconds_total": properties.get("train_seconds_total"),
+        "ms_per_step": (round(1000 * properties["train_seconds_total"] / steps, 2)
+                        if steps and properties.get("train_seconds_total") else None),
+        "steps": steps,
+        "mixed_precision": properties.get("mixed_precision"),
+        "guard_rate": properties.get("guard_rate"),
+        "decode_ms_per_image": round(1000 * metrics["decode_seconds"] / metrics["num_images"], 2),
+        "figures": os.path.join(stages["Evaluator"]["outputs"]["evaluation"], "figures"),
+        "wall_s": round(time.time() - start, 1),
+    }
+
+
+def table(runs: list[dict]) -> str:
+    """The Markdown table of `runs`, one row per model and seed."""
+    head = ["model", "seed"] + [name for name, _ in TABLE] + [
+        "Trainer ms/step", "decode ms/image", "guard rate"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        cells = [run["model"], str(run["seed"])]
+        for name, key in TABLE:
+            value = run["metrics"].get(key)
+            cells.append("" if value is None else f"{value:.2f}" if name == "CIDEr"
+                         else f"{value:.3f}")
+        cells += [f"{run['ms_per_step']}", f"{run['decode_ms_per_image']}",
+                  "" if run["guard_rate"] is None else f"{run['guard_rate']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def stack_figures(runs: list[dict], out_path: str, images: int) -> list[str]:
+    """One PNG: each run's figure of the same first `images` test images, a labelled row each.
+
+    Returns the image ids shown.
+    """
+    from PIL import Image, ImageDraw
+    names = [sorted(f for f in os.listdir(r["figures"]) if f.endswith(".png")) for r in runs]
+    common = sorted(set(names[0]).intersection(*names[1:]))[:images]
+    rows, label_w = [], 170
+    for run in runs:
+        tiles = [Image.open(os.path.join(run["figures"], name)).convert("RGB") for name in common]
+        width = sum(t.width for t in tiles) + label_w
+        row = Image.new("RGB", (width, max(t.height for t in tiles)), "white")
+        ImageDraw.Draw(row).text((8, 20), f"{run['model']}\nseed {run['seed']}", fill="black")
+        x = label_w
+        for tile in tiles:
+            row.paste(tile, (x, 0))
+            x += tile.width
+        rows.append(row)
+    sheet = Image.new("RGB", (max(r.width for r in rows), sum(r.height for r in rows)), "white")
+    y = 0
+    for row in rows:
+        sheet.paste(row, (0, y))
+        y += row.height
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    sheet.save(out_path, optimize=True)
+    return [os.path.splitext(name)[0] for name in common]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", required=True, help="the pipeline root (created if missing)")
+    parser.add_argument("--config", default="scenes")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help="attention[:score] items, comma-separated")
+    parser.add_argument("--seeds", default="0,1", help="train.seed values, comma-separated")
+    parser.add_argument("--second-seed", default="glimpse,spatial_transformer",
+                        help="the models that run with every seed (the others: the first)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="more config overrides for every model")
+    parser.add_argument("--figure", default="", help="write the stacked figures to this PNG")
+    parser.add_argument("--figure-images", type=int, default=1,
+                        help="how many test images per row of the figure")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from benchmarks.results import cpuinfo, write_result
+    cpu, flags = cpuinfo()
+    print(f"CPU: {cpu} (avx2 {'avx2' in flags}, avx512_bf16 {'avx512_bf16' in flags})",
+          flush=True)
+    root = os.path.abspath(args.root)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    every_seed = set(filter(None, args.second_seed.split(",")))
+    runs = []
+    for model in filter(None, args.models.split(",")):
+        for seed in (seeds if model in every_seed else seeds[:1]):
+            overrides = [*args.overrides, *model_overrides(model), f"train.seed={seed}"]
+            run = {"model": model, "seed": seed, **run_model(root, args.config, overrides)}
+            runs.append(run)
+            print(f"{model} seed {seed}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in run["metrics"].items() if isinstance(v, float))
+                + f"; {run['ms_per_step']} ms/step, {run['decode_ms_per_image']} ms/image",
+                flush=True)
+    print("\n" + table(runs) + "\n")
+    result = {"cpu": cpu, "config": args.config, "overrides": args.overrides, "runs": runs}
+    if args.figure:
+        first = [r for r in runs if r["seed"] == seeds[0]]
+        result["figure"] = {"path": args.figure,
+                            "image_ids": stack_figures(first, args.figure, args.figure_images)}
+    print(json.dumps(result))
+    variant = args.config + ("-float32" if any("float32" in o for o in args.overrides) else "")
+    write_result("attention_types", result, argv=argv, variant=variant)
+    return result
+
+
+if __name__ == "__main__":
+    main()
