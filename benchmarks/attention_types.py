@@ -69,12 +69,14 @@ def run_model(root: str, config: str, overrides: list[str]) -> dict:
     with open(os.path.join(root, "run_summary.json")) as f:
         summary = json.load(f)
     stages, metrics = summary["stages"], summary["metrics"]
-    with open(os.path.join(stages["Trainer"]["outputs"]["model"], "artifact.json")) as f:
+    model_uri = stages["Trainer"]["outputs"]["model"]
+    with open(os.path.join(model_uri, "artifact.json")) as f:
         properties = json.load(f)["properties"]
     trainer_s = stages["Trainer"].get("seconds")
     steps = properties.get("steps") or 0
     return {
         "metrics": {k: metrics.get(k) for k in METRICS},
+        "model_uri": model_uri,
         "trainer_status": stages["Trainer"]["status"],
         "trainer_s": trainer_s,
         "train_seconds_total": properties.get("train_seconds_total"),

@@ -22,8 +22,11 @@ class SequenceInputs(NamedTuple):
       mask: optional (batch, L) bool over regions.
       training: dropout, and the sampling attentions sample.
       use_expected: hard attention: scalar bool, use the expected context.
-      recurrent: inside the training loop, `(W_z, W_z^T, U, U^T)` for
-        `hoisted_gradients.matmul_without_weight_grad`; None uses the Dense layers.
+      recurrent: inside the training loop, the recurrent weights for
+        `hoisted_gradients.matmul_without_weight_grad`: `(W, W^T)` of the stacked
+        kernel `W = [U; W_z]` (one matmul of `[h_{t-1}, z_t]` per step), or
+        `(W_z, W_z^T, U, U^T)` where the step also needs `h_{t-1} U` alone
+        (`counterfactual`); None uses the Dense layers.
       counterfactual: hard attention in training with the `"expected"` reward
         baseline: each step also returns what the expected context would give.
     """
@@ -71,14 +74,17 @@ def run(model, x_gates, state, seq: SequenceInputs, noise=None) -> dict:
             tf.cast(layer.annotation_projection.kernel, model.compute_dtype),
             seq.annotations, query_inputs)
         seq = seq._replace(projected=tf.stop_gradient(seq.projected))
+    fused = model._hoist_weight_grads and not seq.counterfactual
     if model._hoist_weight_grads:
         # W_z and U enter the loop without their gradient, which is added
         # after the loop from the stacked step inputs (`models.hoisted_gradients`).
         w_z = tf.cast(model.lstm_context.kernel, model.compute_dtype)
         u = tf.cast(model.lstm_recurrent.kernel, model.compute_dtype)
-        seq = seq._replace(recurrent=(tf.stop_gradient(w_z), tf.stop_gradient(tf.transpose(w_z)),
-                                      tf.stop_gradient(u), tf.stop_gradient(tf.transpose(u))))
-        x_time = hoisted_gradients.hoisted_weight_grads(x_time, [w_z, u], step_inputs)
+        weights = [tf.concat([u, w_z], 0)] if fused else [w_z, u]
+        seq = seq._replace(recurrent=tuple(
+            value for w in weights for value in (tf.stop_gradient(w),
+                                                 tf.stop_gradient(tf.transpose(w)))))
+        x_time = hoisted_gradients.hoisted_weight_grads(x_time, weights, step_inputs)
     xs = tf.TensorArray(x_time.dtype, size=steps, element_shape=x_time.shape[1:])
     xs = xs.unstack(x_time)
     per_step = {key: tf.TensorArray(value.dtype, size=steps, element_shape=value.shape[1:]
@@ -107,8 +113,11 @@ def run(model, x_gates, state, seq: SequenceInputs, noise=None) -> dict:
         lambda t, *_: t < steps, body, (tf.constant(0), h0, c0, outputs),
         maximum_iterations=steps)
     stacked = {key: ta.stack() for key, ta in outputs.items()}         # (T, batch, ...)
-    step_inputs[0] = stacked["z"]                                      # inputs of W_z
-    step_inputs[1] = tf.concat([h0[None], stacked["h"][:-1]], 0)       # inputs of U: h_{t-1}
+    h_prev = tf.concat([h0[None], stacked["h"][:-1]], 0)               # h_{t-1}
+    if fused:
+        step_inputs[0] = tf.concat([h_prev, stacked["z"]], -1)         # inputs of [U; W_z]
+    else:
+        step_inputs[0], step_inputs[1] = stacked["z"], h_prev          # inputs of W_z, U
     if "query" in stacked:
         query_inputs[0] = stacked["query"]                             # the general score's q_t
     result = {}

@@ -237,6 +237,12 @@ class ShowAttendTell(keras.Model):
         if seq.recurrent is None:
             base = x_t + self.lstm_recurrent(h)
             gates = base + self.lstm_context(z)
+        elif len(seq.recurrent) == 2:
+            # One matmul of [h_{t-1}, z_t] with the stacked kernel [U; W_z].
+            w, w_t = seq.recurrent
+            base = None
+            gates = x_t + hoisted_gradients.matmul_without_weight_grad(
+                tf.concat([h, z], -1), w, w_t)
         else:
             w_z, w_z_t, u, u_t = seq.recurrent
             base = x_t + hoisted_gradients.matmul_without_weight_grad(h, u, u_t)

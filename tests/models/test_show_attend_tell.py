@@ -245,6 +245,28 @@ def test_hoisted_recurrent_weight_gradients_equal_plain_autodiff(attention):
         np.testing.assert_allclose(y, z, rtol=1e-5, atol=1e-6, err_msg=variable.path)
 
 
+def test_hoisted_gradients_are_exact_where_the_step_also_needs_h_u_alone():
+    # Hard attention in training with the "expected" baseline also scores the
+    # expected context from `x_t + h U`, so its loop keeps W_z and U apart
+    # (the others stack them into one [U; W_z] matmul): both forms are exact.
+    model = make_model("hard", dropout=0.0, reinforce_baseline="expected",
+                       reinforce_credit="token")
+    model.compute_loss_terms(annotations(), CAPTIONS, training=True)   # creates the state
+    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+
+    def grads(hoist):
+        model._hoist_weight_grads = hoist
+        for variable, value in state:          # the same seeds, coin flips and baselines
+            variable.assign(value)
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss_terms(annotations(), CAPTIONS, training=True)["loss"]
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+    hoisted, plain = grads(True), grads(False)
+    for variable, x, y in zip(model.trainable_variables, hoisted, plain):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=variable.path)
+
+
 @pytest.mark.parametrize("enabled", [False, True])
 def test_annotation_gradients_switch(enabled):
     model = make_model(annotation_gradients=enabled)
