@@ -1,0 +1,36 @@
+"""benchmarks/train_profile.py: the demo-size step timed, then its op types from a real trace."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.benchmarks import ROOT
+
+
+@pytest.mark.slow
+def test_train_profile_times_the_step_and_ranks_op_types(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "train_profile.py"),
+           "--batch", "8", "--repeats", "2", "--steps", "1", "--profiled-steps", "2",
+           "--top", "6"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "BENCHMARK_RESULTS_DIR": str(tmp_path),
+                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert out["sizes"]["batch"] == 8 and out["precision"] == "float32"
+    assert len(out["step_ms_all"]) == 2 and out["step_ms"] > 0
+    assert out["examples_per_s"] == pytest.approx(8000 / out["step_ms"], rel=0.01)
+    ops = out["op_types"]
+    # Ranked by time; the executor's own spans are not op types; the LSTM's matmuls are there.
+    assert 0 < len(ops) <= 6
+    times = [row["ms_per_step"] for row in ops.values()]
+    assert times == sorted(times, reverse=True)
+    assert not any("::" in name or name == "Process" for name in ops)
+    assert any("MatMul" in name for name in ops), list(ops)
+    assert 0 < sum(row["share"] for row in ops.values()) <= 1.0001
+    [written] = os.listdir(tmp_path)
+    assert written.startswith("train_profile-float32-")
