@@ -113,15 +113,17 @@ def stack_figures(runs: list[dict], out_path: str, images: int) -> list[str]:
 
     Returns the image ids shown.
     """
-    from PIL import Image, ImageDraw
+    from PIL import Image, ImageDraw, ImageFont
+    font = ImageFont.load_default(size=22)
     names = [sorted(f for f in os.listdir(r["figures"]) if f.endswith(".png")) for r in runs]
     common = sorted(set(names[0]).intersection(*names[1:]))[:images]
-    rows, label_w = [], 170
+    rows, label_w = [], 230
     for run in runs:
         tiles = [Image.open(os.path.join(run["figures"], name)).convert("RGB") for name in common]
         width = sum(t.width for t in tiles) + label_w
         row = Image.new("RGB", (width, max(t.height for t in tiles)), "white")
-        ImageDraw.Draw(row).text((8, 20), f"{run['model']}\nseed {run['seed']}", fill="black")
+        ImageDraw.Draw(row).text((8, 20), run["model"].replace(":", "\n") + f"\nseed {run['seed']}",
+                                 fill="black", font=font)
         x = label_w
         for tile in tiles:
             row.paste(tile, (x, 0))
@@ -133,7 +135,7 @@ def stack_figures(runs: list[dict], out_path: str, images: int) -> list[str]:
         sheet.paste(row, (0, y))
         y += row.height
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    sheet.save(out_path, optimize=True)
+    sheet.convert("P", palette=Image.Palette.ADAPTIVE, colors=256).save(out_path, optimize=True)
     return [os.path.splitext(name)[0] for name in common]
 
 
