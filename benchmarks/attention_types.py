@@ -17,7 +17,11 @@ Records each run's test metrics (every coco-caption metric, attribute and
 relation accuracy, grounding and noun grounding), the Trainer's seconds and
 seconds per step, the Evaluator's decode milliseconds per test image (beam
 `eval.beam_size`, one image per call, through `serving_default`) and the
-guard rate of the location-wise types. With `--figure` it stacks each
+guard rate of the location-wise types. Then it times the exports side by
+side (`--latency-images` test images per round, one per call, the models
+taking turns, `--latency-rounds` rounds): each one's median milliseconds per
+image and its ratio to the first model's, robust to load that drifts
+between runs. With `--figure` it stacks each
 model's attention figure of the same test images (the Evaluator draws the
 smallest image ids) into one PNG, a row per model.
 
@@ -87,8 +91,59 @@ def run_model(root: str, config: str, overrides: list[str]) -> dict:
         "guard_rate": properties.get("guard_rate"),
         "decode_ms_per_image": round(1000 * metrics["decode_seconds"] / metrics["num_images"], 2),
         "figures": os.path.join(stages["Evaluator"]["outputs"]["evaluation"], "figures"),
+        "serving_model": stages["Exporter"]["outputs"]["serving_model"],
+        "examples": stages["ExampleGen"]["outputs"]["examples"],
         "wall_s": round(time.time() - start, 1),
     }
+
+
+def side_by_side_latency(runs: list[dict], images: int, rounds: int) -> dict:
+    """Median ms per test image of each run's `serving_default`, the models taking turns.
+
+    Each round captions the same `images` test images, one per call, with
+    every model in turn, so that load from other processes hits all alike.
+    Returns model-and-seed label -> `{"ms": median, "ratio": to the first run}`.
+    """
+    import numpy as np
+    from components.contract import schema
+    from components.contract.artifacts import Artifact
+    from components.evaluator.split_readers import iter_example_batches
+    from components.evaluator.stage import ServedFunction
+    batch = next(iter_example_batches(runs[0]["examples"], "test", images))["images"]
+    served = {f"{r['model']} seed {r['seed']}": ServedFunction(
+        Artifact.load(r["serving_model"]).path(schema.SAVED_MODEL_DIR)) for r in runs}
+    times: dict = {label: [] for label in served}
+    for label, function in served.items():     # warm-up: trace and first calls
+        function([batch[0]])
+    for _ in range(rounds):
+        for label, function in served.items():
+            for image in batch:
+                start = time.perf_counter()
+                function([image])
+                times[label].append(time.perf_counter() - start)
+    first = float(np.median(next(iter(times.values()))))
+    return {label: {"ms": round(1000 * float(np.median(t)), 2),
+                    "ratio": round(float(np.median(t)) / first, 3)} for label, t in times.items()}
+
+
+def recorded_runs(path: str) -> list[dict]:
+    """The runs of an earlier results file (`--runs-from`), with their export and Examples paths.
+
+    Records without `serving_model` take it, and `examples`, from the run's
+    Evaluation artifact (its `inputs`).
+    """
+    with open(path) as f:
+        record = json.load(f)
+    runs = record.get("figures", record)["runs"]
+    for run in runs:
+        if "serving_model" not in run:
+            evaluation = os.path.dirname(run["figures"].rstrip("/"))
+            root = evaluation.split("/Evaluator/")[0]
+            with open(os.path.join(evaluation, "artifact.json")) as f:
+                inputs = json.load(f)["inputs"]
+            run["serving_model"] = inputs["serving_model"].replace("${root}", root)
+            run["examples"] = inputs["examples"].replace("${root}", root)
+    return runs
 
 
 def table(runs: list[dict]) -> str:
@@ -153,6 +208,11 @@ def parse_args(argv):
     parser.add_argument("--figure", default="", help="write the stacked figures to this PNG")
     parser.add_argument("--figure-images", type=int, default=1,
                         help="how many test images per row of the figure")
+    parser.add_argument("--latency-images", type=int, default=32,
+                        help="test images per round of the side-by-side latency (0: skip)")
+    parser.add_argument("--latency-rounds", type=int, default=3)
+    parser.add_argument("--runs-from", default="",
+                        help="train nothing: time and draw the runs of this earlier results file")
     return parser.parse_args(argv)
 
 
@@ -165,8 +225,8 @@ def main(argv=None) -> dict:
     root = os.path.abspath(args.root)
     seeds = [int(s) for s in args.seeds.split(",")]
     every_seed = set(filter(None, args.second_seed.split(",")))
-    runs = []
-    for model in filter(None, args.models.split(",")):
+    runs = recorded_runs(args.runs_from) if args.runs_from else []
+    for model in [] if args.runs_from else filter(None, args.models.split(",")):
         for seed in (seeds if model in every_seed else seeds[:1]):
             overrides = [*args.overrides, *model_overrides(model), f"train.seed={seed}"]
             run = {"model": model, "seed": seed, **run_model(root, args.config, overrides)}
@@ -177,12 +237,19 @@ def main(argv=None) -> dict:
                 flush=True)
     print("\n" + table(runs) + "\n")
     result = {"cpu": cpu, "config": args.config, "overrides": args.overrides, "runs": runs}
+    if args.latency_images:
+        first = [r for r in runs if r["seed"] == runs[0]["seed"]]
+        result["latency"] = side_by_side_latency(first, args.latency_images, args.latency_rounds)
+        for label, row in result["latency"].items():
+            print(f"latency (the export's beam): {label}: {row['ms']} ms per image, "
+                  f"{row['ratio']}x the first", flush=True)
     if args.figure:
-        first = [r for r in runs if r["seed"] == seeds[0]]
+        first = [r for r in runs if r["seed"] == runs[0]["seed"]]
         result["figure"] = {"path": args.figure,
                             "image_ids": stack_figures(first, args.figure, args.figure_images)}
     print(json.dumps(result))
     variant = args.config + ("-float32" if any("float32" in o for o in args.overrides) else "")
+    variant += "-recorded" if args.runs_from else ""
     write_result("attention_types", result, argv=argv, variant=variant)
     return result
 

@@ -27,7 +27,7 @@ def test_attention_types_runs_each_model_and_seed_on_one_root(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "attention_types.py"),
            "--config", "tiny", "--root", str(root), "--models", "soft:general,spatial_transformer",
            "--seeds", "0,1", "--second-seed", "spatial_transformer", "--figure", str(figure),
-           "--figure-images", "2"]
+           "--figure-images", "2", "--latency-images", "3", "--latency-rounds", "2"]
     for item in TINY:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
@@ -68,6 +68,11 @@ def test_attention_types_runs_each_model_and_seed_on_one_root(tmp_path):
         rows.append(max(heights))
     with Image.open(figure) as sheet:
         assert sheet.height == sum(rows)
+    # The exports timed side by side: the first seed of each model, against the first model.
+    latency = out["latency"]
+    assert list(latency) == ["soft:general seed 0", "spatial_transformer seed 0"]
+    assert latency["soft:general seed 0"]["ratio"] == 1.0
+    assert all(row["ms"] > 0 and row["ratio"] > 0 for row in latency.values())
     [written] = os.listdir(results)
     assert written.startswith("attention_types-tiny-")
 
