@@ -33,6 +33,16 @@ from serving.tensors import ndarray_to_tensor_proto
 
 SIGNATURE_DEF = "signature_def"
 Arrays = Dict[str, np.ndarray]
+# Most decode work of a request that the REST event loop may run itself
+# (`Predictor.run(..., inline=True)`): about a 2.7 Mpx baseline colour JPEG,
+# at most ~25 ms of decoding (6 ns per pixel-pass, serving/decode_work.py).
+INLINE_MAX_WORK = 1 << 22
+
+
+class RunElsewhere(Exception):
+    """`Predictor.run(..., inline=True)` refused, before running anything: the
+    request is batched or costs more decode work than `INLINE_MAX_WORK`, so
+    it must run on a worker thread, not on the caller's (an event loop)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +173,7 @@ class Predictor:
         return arrays
 
     def run(self, servable: Servable, signature: Signature, inputs: Arrays,
-            deadline: Optional[float] = None) -> Arrays:
+            deadline: Optional[float] = None, inline: bool = False) -> Arrays:
         """Checks shapes and images, then runs (batched when configured).
 
         Args:
@@ -172,6 +182,8 @@ class Predictor:
           inputs: alias -> array.
           deadline: `time.monotonic()` time after which the run must not
             start; None: none.
+          inline: the caller may not block long (an event loop): raise
+            `RunElsewhere` after the checks unless `may_run_inline`.
         Returns:
           The outputs, alias -> array.
 
@@ -193,6 +205,8 @@ class Predictor:
                 raise invalid_argument(f"empty batch: input '{alias}' has 0 rows "
                                        f"(shape {list(array.shape)}); send at least one")
         work, _ = request_work(inputs, self.max_decode_work, self.work.budget, cost.headers)
+        if inline and not self.may_run_inline(servable, work):
+            raise RunElsewhere()
         what = f"a request of {cost.images} images" if cost.images else "a request"
         with self.work.admit(work, deadline, what):
             started = time.perf_counter()
@@ -202,6 +216,16 @@ class Predictor:
             self.metrics.record_runtime(servable.name, "Predict",
                                         1e6 * (time.perf_counter() - started))
         return outputs
+
+    def may_run_inline(self, servable: Servable, work: int) -> bool:
+        """Whether a request of `work` decode work may run on an event loop's thread.
+
+        Only unbatched requests that never wait for CPU admission and whose
+        decode work is at most `INLINE_MAX_WORK`: the loop is blocked for
+        their run, so the run must be short.
+        """
+        return (servable.batching is None and work <= INLINE_MAX_WORK
+                and self.work.is_light(work))
 
     # -- metadata and status -------------------------------------------------
 

@@ -21,7 +21,12 @@ framing by h11 through uvicorn, head limits) and `serving/rest_json.py`
 chunked bodies (411). Every error, framing errors included, is answered in
 JSON. Requests run on a pool of `num_threads` threads (the model calls
 block), which also encode the answers; the event loop only parses and
-writes.
+writes. One exception, the fast path: a small predict request on the only
+open connection, with nothing else in flight, runs on the event loop
+itself when its decode work is small and it is not batched
+(`Predictor.may_run_inline`), which saves two thread hand-offs (pool and
+back); any other request, or one found too costly once parsed, goes to the
+pool.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 from urllib.parse import unquote
 
 import grpc
@@ -47,7 +52,7 @@ from serving.admission import JSON_BYTES_PER_BODY_BYTE
 from serving.errors import ServingError, invalid_argument
 from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from serving.metrics import ServingMetrics
-from serving.predictor import SIGNATURE_DEF, Predictor, output_aliases
+from serving.predictor import SIGNATURE_DEF, Predictor, RunElsewhere, output_aliases
 from serving.rest_http import (IDLE_SECONDS, MAX_HEAD_BYTES, Disconnected, HTTPError,
                                StrictH11Protocol, bind_socket, check_head, respond)
 from serving.servable import DEFAULT_SIGNATURE
@@ -61,6 +66,9 @@ _PREDICT = re.compile(r"(?i)^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:
 _STATUS = re.compile(r"(?i)^/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?"
                      r"(?:/(metadata))?$")
 _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
+# Largest body a request on the fast path (run on the event loop) may have:
+# parsing it there must be quick.
+INLINE_MAX_BODY = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -74,12 +82,15 @@ class RestOptions:
         `--rest_api_num_threads`; default 4 per CPU, as there).
       metrics_path: the URL path of the Prometheus endpoint (with
         `RestServer`'s `metrics`).
+      fast_path: run a small predict request on the event loop when it is
+        alone (see the module doc); False: every request goes to the pool.
     """
     max_request_bytes: int = 16 << 20
     ssl_cert: Optional[str] = None
     ssl_key: Optional[str] = None
     num_threads: Optional[int] = None
     metrics_path: Optional[str] = None
+    fast_path: bool = True
 
 
 class RestServer:
@@ -115,6 +126,7 @@ class RestServer:
         app = _RestApp(predictor, options.max_request_bytes, self._executor, metrics,
                        options.metrics_path)
         app.ui = ui  # `captioner serve --ui`: the page at /ui/ (serving/ui_files.py)
+        self.app = app
         # proxy_headers off: nothing here reads the client address, so no
         # per-request middleware rewrites it from X-Forwarded-For.
         config = uvicorn.Config(
@@ -130,6 +142,9 @@ class RestServer:
             self._socket.close()
             raise
         self._server = uvicorn.Server(config)
+        if options.fast_path:
+            state = self._server.server_state
+            app.connections = lambda: len(state.connections)
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -165,6 +180,8 @@ class _RestApp:
     """The ASGI application: reads the body, then runs the request on the thread pool."""
 
     ui: Optional[UiFiles] = None
+    # Open connections (set by RestServer with the fast path on); None: no fast path.
+    connections: Optional[Callable[[], int]] = None
 
     def __init__(self, predictor: Predictor, max_request_bytes: int, executor: ThreadPoolExecutor,
                  metrics: Optional[ServingMetrics], metrics_path: Optional[str]):
@@ -173,6 +190,8 @@ class _RestApp:
         self.executor = executor
         self.metrics = metrics
         self.metrics_path = metrics_path if metrics is not None else None
+        self.in_flight = 0  # requests between routing and answer (event loop only)
+        self.inline_runs = 0  # requests answered on the fast path
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -198,10 +217,24 @@ class _RestApp:
                 self.executor, self.metrics.exposition)
             await respond(send, 200, data, content_type=METRICS_CONTENT_TYPE)
             return
-        # The answer is encoded on the pool too: the loop only writes it.
-        status, data = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._handle, method, path, body)
-        await respond(send, status, data)
+        self.in_flight += 1
+        try:
+            answer = self._handle(method, path, body, inline=True) \
+                if self._may_try_inline(method, body) else None
+            if answer is None:
+                # The answer is encoded on the pool too: the loop only writes it.
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self._handle, method, path, body)
+            else:
+                self.inline_runs += 1
+        finally:
+            self.in_flight -= 1
+        await respond(send, *answer)
+
+    def _may_try_inline(self, method: str, body: bytes) -> bool:
+        """The fast path's preconditions: a small POST, alone on the only connection."""
+        return (self.connections is not None and method == "POST" and self.in_flight == 1
+                and len(body) <= INLINE_MAX_BODY and self.connections() <= 1)
 
     async def _read_body(self, headers, method: str, receive) -> bytes:
         lengths = [value for name, value in headers if name == b"content-length"]
@@ -239,8 +272,13 @@ class _RestApp:
 
     # -- on the thread pool ----------------------------------------------------
 
-    def _handle(self, method: str, path: str, body: bytes) -> Tuple[int, bytes]:
-        """(HTTP status, JSON body) of one request; counts it in the metrics."""
+    def _handle(self, method: str, path: str, body: bytes,
+                inline: bool = False) -> Optional[Tuple[int, bytes]]:
+        """(HTTP status, JSON body) of one request; counts it in the metrics.
+
+        With `inline` (on the event loop), None when the request must run on
+        the pool instead (`RunElsewhere`): nothing ran and nothing was counted.
+        """
         started = time.perf_counter()
         seen: Dict[str, str] = {}  # model_name and api, once routing knows them
         code = grpc.StatusCode.OK
@@ -249,7 +287,10 @@ class _RestApp:
                 return 501, _error(f"Unsupported method ({method!r})")
             if not path.lower().startswith("/v1/"):
                 return 404, _error(f"Not found: {method} {path}")
-            return 200, self._route(method, path, body, seen)
+            return 200, self._route(method, path, body, seen, inline)
+        except RunElsewhere:
+            seen.clear()
+            return None
         except ServingError as e:
             code = e.code
             return e.http_status, _error(e.message)
@@ -262,7 +303,8 @@ class _RestApp:
                 self.metrics.record_request(seen["model_name"], code.name, seen["api"], "REST",
                                             1e6 * (time.perf_counter() - started))
 
-    def _route(self, method: str, path: str, body: bytes, seen: Dict[str, str]) -> bytes:
+    def _route(self, method: str, path: str, body: bytes, seen: Dict[str, str],
+               inline: bool = False) -> bytes:
         if method == "POST":
             match = _PREDICT.match(path)
             if match:
@@ -272,7 +314,7 @@ class _RestApp:
                 if verb.lower() != "predict":
                     raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
                                        f"{verb} is not supported by this server")
-                return self._predict(spec, body)
+                return self._predict(spec, body, inline)
         else:
             match = _STATUS.match(path)
             if match:
@@ -303,15 +345,16 @@ class _RestApp:
         return {"model_spec": json_format.MessageToDict(response.model_spec, **options),
                 "metadata": {SIGNATURE_DEF: json_format.MessageToDict(signature_map, **options)}}
 
-    def _predict(self, spec: model_pb2.ModelSpec, body: bytes) -> bytes:
+    def _predict(self, spec: model_pb2.ModelSpec, body: bytes, inline: bool = False) -> bytes:
         rest_json.check_json_start(body)
         # Parsing makes Python objects many times the body's size: that
         # memory is reserved from the decode budget first.
         with self.predictor.budget.reserve(len(body) * JSON_BYTES_PER_BODY_BYTE,
                                            f"a JSON body of {len(body)} bytes"):
-            return self._predict_json(spec, rest_json.parse_json(body))
+            return self._predict_json(spec, rest_json.parse_json(body), inline)
 
-    def _predict_json(self, spec: model_pb2.ModelSpec, doc: Dict[str, Any]) -> bytes:
+    def _predict_json(self, spec: model_pb2.ModelSpec, doc: Dict[str, Any],
+                      inline: bool = False) -> bytes:
         max_images = self.predictor.max_images
         signature_name = doc.get("signature_name", "")
         if not isinstance(signature_name, str):
@@ -331,7 +374,7 @@ class _RestApp:
             inputs = rest_json.inputs_from_columns(doc["inputs"], signature.inputs, max_images)
         else:
             raise invalid_argument("Missing 'inputs' or 'instances' key")
-        outputs = self.predictor.run(servable, signature, inputs)
+        outputs = self.predictor.run(servable, signature, inputs, inline=inline)
         outputs = {alias: outputs[alias] for alias in output_aliases(signature, ())}
         return rest_json.encode_outputs(outputs, row_format="instances" in doc)
 
