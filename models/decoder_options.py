@@ -43,11 +43,13 @@ class DecoderOptions:
         `"general"`, `"dot"` or `"concat"` (Luong et al. 2015).
       dropout: rate on the deep-output vector.
       use_gate: soft and spatial_transformer: multiply the context by `beta_t`.
-      doubly_stochastic_lambda: soft and spatial_transformer (section 4.2.1):
-        weight of `sum_i (1 - sum_t alpha_ti)^2`. The sampling attentions'
-        objective (equation 12) has no such term, and it would fight what
-        REINFORCE learns: it is smallest when the words' attention covers
-        every region, while a policy that pays off looks at the named objects.
+      doubly_stochastic_lambda: soft only (section 4.2.1): weight of
+        `sum_i (1 - sum_t alpha_ti)^2`. The sampling attentions' objective
+        (equation 12) has no such term, and it would fight what REINFORCE
+        learns: it is smallest when the words' attention covers every region,
+        while a policy that pays off looks at the named objects. A spatial
+        transformer's map is its window, and the term widens every window
+        towards the whole grid, away from the objects (docs/attention.md).
       entropy_lambda: hard only: `lambda_e`, weight of the entropy bonus.
       reinforce_lambda: hard and glimpse: `lambda_r`, weight of the REINFORCE term.
       expected_alpha_prob: hard only: probability per minibatch of training
@@ -141,6 +143,11 @@ class DecoderOptions:
     def samples(self) -> bool:
         """Hard or glimpse: trained with REINFORCE on sampled locations."""
         return self.attention in ("hard", "glimpse")
+
+    @property
+    def doubly_stochastic(self) -> bool:
+        """Soft attention: the objective adds the doubly stochastic penalty."""
+        return self.attention == "soft"
 
     @property
     def gated(self) -> bool:

@@ -126,7 +126,8 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
     token_nll = losses.masked_nll(out["logits"], targets)          # (batch, T)
     example_nll = ops.sum(token_nll, axis=1)
     example_penalty = losses.doubly_stochastic_penalty(
-        out["alpha"], steps, 0.0 if options.samples else model.doubly_stochastic_lambda)
+        out["alpha"], steps,
+        model.doubly_stochastic_lambda if options.doubly_stochastic else 0.0)
     example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
     terms = {"nll": ops.sum(example_nll) / denominator,
              "attention_penalty": ops.mean(example_penalty),

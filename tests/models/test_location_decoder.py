@@ -250,3 +250,21 @@ def test_self_critical_sampling_and_step(attention):
     keras.optimizers.SGD(0.05).apply_gradients(
         [(g, v) for g, v in zip(grads, model.trainable_variables) if g is not None])
     assert float(scst.policy_loss_terms(model, a, tokens, advantage)["nll_sum"]) < before
+
+
+def test_spatial_transformer_objective_has_no_doubly_stochastic_penalty():
+    # The penalty is smallest when the words' maps cover every cell: on a
+    # window's map it would widen every window. Soft attention keeps it.
+    stn = make_model("spatial_transformer", dropout=0.0, doubly_stochastic_lambda=1.0)
+    terms = stn.compute_loss_terms(annotations(), CAPTIONS, training=False)
+    steps = (CAPTIONS[:, 1:] != 0).astype("float32")
+    # The maps do not sum to 1 over the steps in every cell, so the term would not be 0.
+    coverage = (_np(terms["alpha"]) * steps[..., None]).sum(axis=1)
+    assert np.abs(1.0 - coverage).max() > 0.1
+    assert float(terms["attention_penalty"]) == 0.0
+    np.testing.assert_allclose(_np(terms["example_penalty"]), 0.0)
+    np.testing.assert_allclose(
+        terms["loss"], float(terms["nll"]) + float(terms["guard_penalty"]), rtol=1e-5)
+    soft = make_model("soft", dropout=0.0, doubly_stochastic_lambda=1.0)
+    assert float(soft.compute_loss_terms(annotations(), CAPTIONS,
+                                         training=False)["attention_penalty"]) > 0.0

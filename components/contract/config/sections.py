@@ -88,7 +88,7 @@ class ModelConfig:
     attention_dim: int = 128           # hidden size of the attention MLP f_att
     dropout: float = 0.3               # dropout on the deep output layer
     use_gate: bool = True              # beta_t gating scalar (section 4.2.1)
-    doubly_stochastic_lambda: float = 1.0  # soft: lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1; hard has none)
+    doubly_stochastic_lambda: float = 1.0  # soft only: lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1)
     entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
     reinforce_lambda: float = 1.0      # hard attention lambda_r
     expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
