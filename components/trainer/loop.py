@@ -26,9 +26,11 @@ from components.trainer.sync import broadcast_from_chief, chief_values
 from components.trainer.timing import Timing
 from components.trainer.validation import Validator, improved
 
-# Epochs chained into one input dataset (building one costs ~0.15 s; the finished
-# one is torn down on a daemon thread, `release_in_background`).
-EPOCHS_PER_DATASET = 8
+# Epochs chained into one input dataset (building one costs ~0.15 s). Enough for
+# every config's whole run: replacing a finished dataset's iterator stalled the
+# Trainer for 8-37 s after the data stages had run in the same process, even with
+# the old one torn down on a daemon thread (`release_in_background`).
+EPOCHS_PER_DATASET = 64
 
 
 def release_in_background(iterator) -> None:
