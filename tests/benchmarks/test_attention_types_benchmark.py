@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.benchmarks import ROOT
+from tests.benchmarks import run_benchmark
 
 # The tiny config, smaller still: one epoch on 24 images, an untrained encoder.
 TINY = ["data.num_images=24", "encoder.train=false", "train.epochs=1", "eval.num_figures=2"]
@@ -24,16 +22,12 @@ def test_attention_types_runs_each_model_and_seed_on_one_root(tmp_path):
     from PIL import Image
     root, results, figure = tmp_path / "root", tmp_path / "results", tmp_path / "types.png"
     results.mkdir()
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "attention_types.py"),
-           "--config", "tiny", "--root", str(root), "--models", "soft:general,spatial_transformer",
-           "--seeds", "0,1", "--second-seed", "spatial_transformer", "--figure", str(figure),
-           "--figure-images", "2", "--latency-images", "3", "--latency-rounds", "2"]
-    for item in TINY:
-        cmd += ["--set", item]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "BENCHMARK_RESULTS_DIR": str(results),
-                               "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_benchmark(
+        "attention_types",
+        ["--config", "tiny", "--root", root, "--models", "soft:general,spatial_transformer",
+         "--seeds", "0,1", "--second-seed", "spatial_transformer", "--figure", figure,
+         "--figure-images", "2", "--latency-images", "3", "--latency-rounds", "2"],
+        results, TINY)
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     runs = out["runs"]
     assert [(r["model"], r["seed"]) for r in runs] == [

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.benchmarks import ROOT
+from tests.benchmarks import run_benchmark
 
 # The tiny config, smaller still: one epoch of each phase on 24 images, an untrained
 # encoder (no EncoderTrainer run), no figures.
@@ -26,14 +24,8 @@ def _artifact(model_dir: str) -> dict:
 def test_scst_benchmark_runs_cross_entropy_then_scst_from_its_model(tmp_path):
     root, results = tmp_path / "root", tmp_path / "results"
     results.mkdir()
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "scst.py"), "--config", "tiny",
-           "--root", str(root), "--attention", "soft"]
-    for item in TINY:
-        cmd += ["--set", item]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "BENCHMARK_RESULTS_DIR": str(results),
-                               "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_benchmark("scst", ["--config", "tiny", "--root", root, "--attention", "soft"],
+                         results, TINY)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 2, proc.stdout[-3000:]  # one per attention, then the host
     out, host = lines

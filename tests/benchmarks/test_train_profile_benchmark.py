@@ -3,23 +3,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.benchmarks import ROOT
+from tests.benchmarks import run_benchmark
 
 
 @pytest.mark.slow
 def test_train_profile_times_the_step_and_ranks_op_types(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "train_profile.py"),
-           "--batch", "8", "--repeats", "2", "--steps", "1", "--profiled-steps", "2",
-           "--top", "6"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "BENCHMARK_RESULTS_DIR": str(tmp_path),
-                               "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_benchmark("train_profile", ["--batch", "8", "--repeats", "2", "--steps", "1",
+                                           "--profiled-steps", "2", "--top", "6"], tmp_path)
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert out["sizes"]["batch"] == 8 and out["precision"] == "float32"
     assert len(out["step_ms_all"]) == 2 and out["step_ms"] > 0
