@@ -11,12 +11,14 @@ p50/p99 latency and throughput of single-image `Predict` calls made by
 concurrency 1 as the ratio of the server's p50 latency to the p50 of calling
 the same SavedModel signature in process (`tf.saved_model.load`, one image,
 outputs fetched to numpy), the two alternating call by call (see `overhead`).
-The absolute overhead (`overhead_ms`, about 1.5-2 ms here) is what the
+The absolute overhead (`overhead_ms`, about 1-2 ms here) is what the
 server adds; the ratio depends on how costly the model is. The REST API's
 overhead (`rest_overhead`: one keep-alive connection posting
 `{"instances": [{"b64": ...}]}`) is measured the same way;
 `--overhead-only` measures only these two (about 1 min); `--repeats N`
-measures them N times and reports the run with the median ratio.
+measures them N times and reports the run with the median ratio;
+`--server-flag=--tensorflow_intra_op_parallelism=1` (repeatable) passes a
+flag to the server.
 
 Without `--model-base-path` the model is the test fixture
 (`tests/serving/fixtures.py`) with a decoder-sized workload (`--decoder-units`
@@ -41,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -182,10 +184,11 @@ def rest_overhead(local_call, rest_url: str, model_name: str, image: bytes,
 class ServerProcess:
     """`python -m serving.server` on free loopback ports, stopped with SIGTERM."""
 
-    def __init__(self, base: str, model_name: str, batching: Optional[Dict[str, int]]):
+    def __init__(self, base: str, model_name: str, batching: Optional[Dict[str, int]],
+                 extra: Sequence[str] = ()):
         command = [sys.executable, "-m", "serving.server", "--model-base-path", base,
                    "--model-name", model_name, "--port", "0", "--rest-port", "0",
-                   "--poll-seconds", "30", "--log-level", "WARNING"]
+                   "--poll-seconds", "30", "--log-level", "WARNING", *extra]
         if batching:
             command += ["--enable-batching"] + [
                 f"--{k.replace('_', '-')}={v}" for k, v in batching.items()]
@@ -266,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-batch-threads", type=int, default=2)
     p.add_argument("--overhead-only", action="store_true",
                    help="only the gRPC and REST overhead at concurrency 1 (no load levels)")
+    p.add_argument("--server-flag", action="append", default=[], metavar="FLAG",
+                   help="a flag for the server (repeatable), e.g. "
+                        "--server-flag=--tensorflow_intra_op_parallelism=1")
     p.add_argument("--repeats", type=int, default=1,
                    help="overhead measurements (each 2 x --seconds per API); the medians of "
                         "their ratios are reported")
@@ -328,7 +334,7 @@ def main(argv=None) -> int:
                 "num_batch_threads": args.num_batch_threads}
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
     for mode, params in (("no_batching", None), ("batching", batching)):
-        server = ServerProcess(base, args.model_name, params)
+        server = ServerProcess(base, args.model_name, params, args.server_flag)
         try:
             if params is None:
                 cost, rest_cost = _overheads(server, local_call, args, image)
@@ -345,6 +351,7 @@ def main(argv=None) -> int:
     tmp.cleanup()
     summary = {"benchmark": "serving-overhead" if args.overhead_only else "serving",
                "model": model, "image_bytes": len(image), "cpus": os.cpu_count(),
+               "server_flags": args.server_flag,
                "overhead": _rounded(cost), "rest_overhead": _rounded(rest_cost)}
     if not args.overhead_only:
         top = max(levels)

@@ -150,8 +150,8 @@ def make_data(sizes, seed=0):
 
 def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive"):
     """A built `ShowAttendTell` (soft attention by default) and its `tf.function` training step."""
-    import keras
     import tensorflow as tf
+    from components.trainer.fused_adam import FusedAdam
     from models.decoder_options import DecoderOptions
     from models.show_attend_tell import ShowAttendTell
     options = DecoderOptions(embedding_dim=sizes["embedding"], hidden_dim=sizes["hidden"],
@@ -159,7 +159,7 @@ def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive")
                              attention_score=score)
     model = ShowAttendTell(sizes["vocab"], options, seed=0)
     model.build((None, sizes["regions"], sizes["dim"]))
-    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer = FusedAdam(1e-3)   # the Trainer's Adam (components/trainer/model_setup.py)
     optimizer.build(model.trainable_variables)
 
     @tf.function(jit_compile=jit)

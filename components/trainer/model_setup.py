@@ -57,7 +57,7 @@ def learning_rate_schedule(train_config, total_steps: int):
 
 
 def make_optimizer(train_config, total_steps: int):
-    """Adam or RMSProp (paper section 4.3) on the schedule; loss scaling for mixed_float16.
+    """Adam (`FusedAdam`) or RMSProp (paper 4.3) on the schedule; loss scaling for mixed_float16.
 
     Args:
       train_config: `components.contract.config.TrainConfig`.
@@ -66,9 +66,10 @@ def make_optimizer(train_config, total_steps: int):
       A Keras optimizer, wrapped in a `LossScaleOptimizer` under mixed_float16.
     """
     import keras
+    from components.trainer.fused_adam import FusedAdam
     lr = learning_rate_schedule(train_config, total_steps)
     if train_config.optimizer == "adam":
-        optimizer = keras.optimizers.Adam(lr)
+        optimizer = FusedAdam(lr)
     elif train_config.optimizer == "rmsprop":
         optimizer = keras.optimizers.RMSprop(lr)
     else:

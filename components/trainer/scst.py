@@ -104,7 +104,8 @@ class ScstLoop(TrainingLoop):
 
     def _make_optimizer(self):
         import keras
-        optimizer = keras.optimizers.Adam(self.tcfg.scst_learning_rate)
+        from components.trainer.fused_adam import FusedAdam
+        optimizer = FusedAdam(self.tcfg.scst_learning_rate)
         if self.tcfg.mixed_precision == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         return optimizer

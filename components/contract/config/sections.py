@@ -117,7 +117,7 @@ class TrainConfig:
     batch_size: int = 64               # global batch
     epochs: int = 10                   # epoch limit (early stopping may end sooner)
     max_steps: int = 0                 # 0 = no step limit
-    optimizer: str = "adam"            # adam | rmsprop
+    optimizer: str = "adam"            # adam (fused kernel, Keras Adam's math) | rmsprop
     learning_rate: float = 1e-3        # peak learning rate
     lr_schedule: str = "constant"      # constant | cosine
     warmup_steps: int = 0              # linear warmup steps

@@ -5,11 +5,11 @@ the tiny sizes of tests/models/tiny.py.
 """
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from components.trainer.fused_adam import FusedAdam
 from components.trainer.step import MEAN_KEYS, SUM_KEYS, make_train_step
 from models.decoding import greedy_decode
 from tests.models.tiny import CAPTIONS, annotations, make_model, policy
@@ -22,8 +22,8 @@ _OVERFIT_CAPTIONS = np.array([[1, 4, 5, 6, 2, 0, 0],
 
 
 def _step(model, batch, learning_rate=0.02, clip_norm=0.0):
-    """The Trainer's step for `batch` under the default strategy, on a fresh Adam."""
-    optimizer = keras.optimizers.Adam(learning_rate)
+    """The Trainer's step for `batch` under the default strategy, on a fresh (fused) Adam."""
+    optimizer = FusedAdam(learning_rate)
     optimizer.build(model.trainable_variables)
     spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
     return make_train_step(tf.distribute.get_strategy(), model, optimizer,
