@@ -154,3 +154,26 @@ def test_mirrored_strategy_updates_every_replica_like_keras_adam():
     assert keras_replicas.shape[0] == fused_replicas.shape[0] == 2
     np.testing.assert_allclose(fused_replicas[0], fused_replicas[1], rtol=0, atol=0)
     np.testing.assert_allclose(fused_replicas, keras_replicas, rtol=1e-5, atol=1e-6)
+
+
+def test_resumes_a_checkpoint_written_with_keras_adam(tmp_path):
+    # A Trainer run checkpointed with keras.optimizers.Adam (tf.train.Checkpoint of
+    # model and optimizer, as components/trainer/loop.py writes) resumes with FusedAdam.
+    model = _model()
+    adam = keras.optimizers.Adam(0.05)
+    x = tf.constant([[1, 2, 3], [4, 4, 5]])
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(x)))
+        adam.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                 model.trainable_variables))
+    path = tf.train.Checkpoint(model=model, optimizer=adam).write(str(tmp_path / "ckpt"))
+
+    resumed_model, fused = _model(seed=1), FusedAdam(0.05)
+    fused.build(resumed_model.trainable_variables)
+    tf.train.Checkpoint(model=resumed_model, optimizer=fused).read(path).assert_consumed()
+    assert int(fused.iterations.numpy()) == 2
+    for a, b in zip(adam.variables, fused.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for a, b in zip(model.get_weights(), resumed_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
