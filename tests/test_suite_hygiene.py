@@ -2,11 +2,11 @@
 
 A test must be able to fail. Flagged:
 
-- an `assert` that holds whatever the code does: a constant (`assert True`,
-  `assert "text"`), a non-empty literal (`assert (x, "message")`), a value
-  compared with itself (`assert x == x`), membership in both booleans
-  (`assert x in (True, False)`), `x or not x`, a project file that does not
-  exist asserted absent (`assert "pkg/gone.py" not in closure`);
+- an `assert` that holds whatever the code does: of a constant (the literal
+  `True`, a non-empty string), of a non-empty tuple (a condition and its
+  message in parentheses), of a value compared with itself, of membership
+  in both booleans, of `x or not x`, or of a project file that does not
+  exist being absent from a list;
 - a test function that checks nothing: no `assert`, no `pytest.raises`,
   `pytest.warns` or `pytest.fail`, no `raise` (of its own: a fake it defines
   does not count), and no call to a checking
