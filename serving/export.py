@@ -20,6 +20,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+# What the pipeline's Exporter records beside the SavedModel: the inputs'
+# fingerprints, the decoding, the infra check, the encoder's GFLOPs per image.
+EXPORT_RECORD = os.path.join("assets.extra", "captioner_export.json")
 SIGNATURES = ("serving_default", "caption_annotations")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from serving.batching_parameters import BatchingParameters
+from serving.thread_choice import SMALL_ENCODER_GFLOPS
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ TF_SERVING_SUPPORTED: Dict[str, str] = {
                                                    "not loaded yet",
     "grpc_max_threads": "gRPC requests handled at once",
     "max_num_load_retries": "load attempts after a version's first failure (default 5)",
-    "tensorflow_intra_op_parallelism": "threads within one op (0: TensorFlow's choice)",
+    "tensorflow_intra_op_parallelism": "threads within one op (0: TensorFlow's choice; unset: "
+                                       "1 for small encoders, serving/thread_choice.py)",
     "tensorflow_inter_op_parallelism": "ops run at once (0: TensorFlow's choice)",
     "enable_grpc_healthcheck_service": "grpc.health.v1 service (default true here; "
                                        "TF Serving: false)",
@@ -173,8 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limit_flags(p.add_argument_group("limits"))
     _add_batching_flags(p.add_argument_group("batching"))
     tf_group = p.add_argument_group("TensorFlow")
-    tf_group.add_argument("--tensorflow_intra_op_parallelism", dest="intra_op", type=int,
-                          default=0)
+    tf_group.add_argument(
+        "--tensorflow_intra_op_parallelism", dest="intra_op", type=int, default=None,
+        help="threads within one op; 0: TensorFlow's choice (one per CPU). Unset: 1 when "
+             "every model's export records an encoder of at most "
+             f"{SMALL_ENCODER_GFLOPS:g} GFLOPs per image, where handing small ops to pool "
+             "threads costs more than it gains, else TensorFlow's choice "
+             "(serving/thread_choice.py)")
     tf_group.add_argument("--tensorflow_inter_op_parallelism", dest="inter_op", type=int,
                           default=0)
     tf_group.add_argument(

@@ -57,6 +57,7 @@ from serving.model_manager import LoadOptions, ModelManager, ModelSource, source
 from serving.predictor import Predictor, RequestLimits
 from serving.rest import RestOptions, RestServer
 from serving.server_options import ServerOptions, options_from_args
+from serving.thread_choice import choose_intra_op
 from serving.ui_files import UiFiles
 from serving.work_admission import mark_pool
 
@@ -316,7 +317,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # here; a folder without versions is named (the server still starts).
     if not _startup_checks_pass(args):
         return 1
-    _set_tf_threads(args.intra_op, args.inter_op, args.thread_spinning)
+    threads = choose_intra_op(args.intra_op, _model_base_paths(args))
+    log.info("TensorFlow intra-op threads: %s (%s)",
+             threads.intra_op or "TensorFlow's choice", threads.reason)
+    _set_tf_threads(threads.intra_op, args.inter_op, args.thread_spinning)
     try:
         server = ModelServer(args.model_base_path, args.model_name, options=options)
     except ValueError as e:
@@ -337,6 +341,18 @@ def _check_args(parser, args) -> None:
         parser.error("--ssl-cert and --ssl-key go together")
     if args.ssl_config_file and args.ssl_cert:
         parser.error("give either --ssl_config_file or --ssl-cert/--ssl-key")
+
+
+def _model_base_paths(args) -> list:
+    """The base path of each model the server starts with ([] where the config cannot be
+    read: ModelServer reports that)."""
+    if args.model_base_path:
+        return [args.model_base_path]
+    from serving.model_config import read_model_config
+    try:
+        return [source.base_path for source in read_model_config(args.model_config_file)]
+    except ValueError:
+        return []
 
 
 def _startup_checks_pass(args) -> bool:
@@ -360,10 +376,13 @@ def _set_tf_threads(intra_op: int, inter_op: int, spinning: str = "auto") -> Non
     """TensorFlow's thread pools: their sizes when the flags set them (0: TensorFlow's
     choice), and whether idle threads spin (`thread_spinning_off`)."""
     import tensorflow as tf
-    if intra_op:
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
-    if inter_op:
-        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    try:
+        if intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        if inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError as e:  # the pools exist already (TensorFlow ran in this process)
+        log.warning("TensorFlow is initialized: its thread pools stay as they are (%s)", e)
     if thread_spinning_off(spinning):
         from tensorflow.core.protobuf import config_pb2
         from tensorflow.python.eager import context

@@ -30,10 +30,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import unquote
 
 from serving.errors import ServingError
+from serving.export import EXPORT_RECORD
 
 UI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ui")
 PREFIX = "/ui"
-EXPORT_RECORD = os.path.join("assets.extra", "captioner_export.json")
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
 _FILES = {"/ui/": "index.html", "/ui/index.html": "index.html", "/ui/app.js": "app.js",

@@ -92,8 +92,9 @@ ARTIFACT_LAYOUTS = (
         ((SAVED_MODEL_DIR + "/", "the TF Serving SavedModel: `serving_default` (image bytes) and "
           "`caption_annotations` signatures, `assets.extra/tf_serving_warmup_requests`, and "
           f"`{EXPORT_RECORD}` (the fingerprints of the model, encoder and vocabulary it was "
-          "exported from, the decoding, and the infra validation report; TF Serving ignores "
-          "it)"),),
+          "exported from, the decoding, the infra validation report, and `encoder_gflops`, the "
+          "encoder's GFLOPs per image, by which `captioner serve` sizes TensorFlow's thread "
+          "pools; TF Serving ignores it)"),),
         notes="`properties`: `digest` (sha256 over the SavedModel folder's relative paths and "
               "bytes: the Evaluator records the digest it scored and the Pusher publishes only "
               "those bytes), `decoding` (`beam_size`, `max_length`, `length_normalization`, "

@@ -53,7 +53,7 @@ def export(path: str, sources: ExportSources, progress=None, validate_infra: boo
       None without `validate_infra`.
     """
     import keras
-    import models.encoder  # noqa: F401  (registers the custom layers)
+    import models.encoder  # registers the custom layers
     import models.show_attend_tell  # noqa: F401
     from serving.export import Decoding, export_saved_model
     from serving.infra_validator import validate
@@ -70,8 +70,11 @@ def export(path: str, sources: ExportSources, progress=None, validate_infra: boo
     if validate_infra:
         step("infra validation")
         report = validate(path)
+    # The server sizes TensorFlow's thread pools by it (serving/thread_choice.py).
+    encoder_gflops = float(f"{models.encoder.encoder_flops(encoder) / 1e9:.4g}")
     full = dict(sources.record or {}, decoding=sources.decoding, model_name=sources.model_name,
-                num_warmup_requests=sources.num_warmup_requests, infra_validation=report)
+                num_warmup_requests=sources.num_warmup_requests, infra_validation=report,
+                encoder_gflops=encoder_gflops)
     out = os.path.join(path, schema.EXPORT_RECORD)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

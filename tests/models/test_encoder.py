@@ -156,3 +156,24 @@ def test_failed_imagenet_download_says_how_to_work_offline(monkeypatch):
 def test_weights_keywords_ignore_case(weights):
     encoder = keras_app_backbone("VGG19", "block1_conv2", weights, 32)
     assert tuple(encoder.output_shape) == (None, 32, 32, 64)
+
+
+# encoder_flops --------------------------------------------------------------------------------
+
+def test_encoder_flops_counts_two_per_multiply_add():
+    from models.encoder import encoder_flops
+    inputs = keras.Input((16, 16, 3))
+    conv = keras.layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(inputs)
+    dense = keras.layers.Dense(5, use_bias=False)(keras.layers.Flatten()(conv))
+    model = keras.Model(inputs, dense)
+    macs = 8 * 8 * 3 * 3 * 3 * 8 + 8 * 8 * 8 * 5  # the conv's 8x8 outputs, then the matmul
+    assert encoder_flops(model) == 2 * macs
+
+
+def test_encoder_flops_orders_the_encoders_the_server_tells_apart():
+    from models.encoder import encoder_flops
+    demo = encoder_flops(build_encoder("small_cnn", image_size=64, width=16, grid_size=8))
+    assert 0.05e9 < demo < 0.08e9  # about 30 M multiply-adds, as its docstring says
+    mobilenet = encoder_flops(build_encoder("keras_app", application="MobileNetV2",
+                                            layer="out_relu", weights="none", image_size=224))
+    assert 0.5e9 < mobilenet < 0.7e9  # MobileNetV2's published 300 M multiply-adds
