@@ -362,6 +362,7 @@ class ModelManager:
                     continue
                 self._servables[name][version] = servable
                 self._states[name][version] = VersionStatus("AVAILABLE")
+                servable.available_at = time.monotonic()
             changed = True
             log.info("model %s version %d is available (%d warmup requests)", name, version,
                      servable.warmup_requests)
@@ -402,8 +403,9 @@ class ModelManager:
                                              time.monotonic() + 2.0 ** attempts)
             self._set_state(name, version, VersionStatus("END", code, message))
             return None
+        servable.load_started, servable.load_seconds = started, time.monotonic() - started
         log.info("model %s version %d loaded from %s in %.2fs", name, version, path,
-                 time.monotonic() - started)
+                 servable.load_seconds)
         self._failed.pop((name, version), None)
         return servable
 

