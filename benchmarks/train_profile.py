@@ -2,6 +2,8 @@
 
     python benchmarks/train_profile.py                         # float32, the demo's sizes
     python benchmarks/train_profile.py --precision mixed_bfloat16 --attention-score general
+    python benchmarks/train_profile.py --sizes tutorial --precision mixed_bfloat16 \
+        --attention-score general    # benchmarks/train_step.py's step, op by op
     ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/train_profile.py   # oneDNN held to AVX2
 
 Times one Adam step of `ShowAttendTell` (the demo config's decoder: `D =
@@ -34,8 +36,19 @@ DEMO = {"regions": 64, "dim": 130, "hidden": 256, "attention": 128, "embedding":
         "vocab": 43, "length": 18, "batch": 64}
 
 
+def _sizes(name: str) -> dict:
+    if name == "tutorial":
+        from benchmarks.train_step import SIZES
+        return dict(SIZES)
+    return dict(DEMO)
+
+
 def make_step(args):
-    """`(step, inputs)`: a compiled Adam step of the demo-size decoder and its fixed inputs."""
+    """`(step, inputs)`: a compiled Adam step of the decoder and its fixed inputs.
+
+    `--sizes demo`: the demo config's decoder (below); `tutorial`: the step
+    `benchmarks/train_step.py` times against the TensorFlow tutorial.
+    """
     import keras
     import numpy as np
     import tensorflow as tf
@@ -43,6 +56,11 @@ def make_step(args):
     from models.show_attend_tell import ShowAttendTell
     keras.mixed_precision.set_global_policy(args.precision)
     keras.utils.set_random_seed(0)
+    if args.sizes == "tutorial":
+        from benchmarks.train_step import SIZES, make_data, our_step
+        sizes = {**SIZES, "batch": args.batch}
+        return (our_step(sizes, jit=False, attention=args.attention, score=args.attention_score),
+                make_data(sizes))
     s = DEMO
     model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
                            hidden_dim=s["hidden"], attention_dim=s["attention"],
@@ -136,6 +154,9 @@ def main(argv=None) -> dict:
                         choices=["float32", "mixed_bfloat16", "mixed_float16"])
     parser.add_argument("--attention", default="soft")
     parser.add_argument("--attention-score", default="additive")
+    parser.add_argument("--sizes", choices=("demo", "tutorial"), default="demo",
+                        help="the demo config's decoder, or benchmarks/train_step.py's step "
+                             "at the TensorFlow tutorial's sizes")
     parser.add_argument("--batch", type=int, default=DEMO["batch"])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per repeat")
@@ -159,13 +180,17 @@ def main(argv=None) -> dict:
               f"  x{row['count_per_step']}")
     result = {"cpu": cpu, "onednn_max_cpu_isa": isa, "precision": args.precision,
               "attention": args.attention, "attention_score": args.attention_score,
-              "sizes": {**DEMO, "batch": args.batch}, "step_ms": round(1000 * median, 2),
+              "size_set": args.sizes, "sizes": {**_sizes(args.sizes), "batch": args.batch},
+              "step_ms": round(1000 * median, 2),
               "step_ms_all": [round(1000 * t, 2) for t in times],
               "examples_per_s": round(args.batch / median, 1),
               "op_types": dict(list(ops.items())[:args.top])}
     print(json.dumps(result))
     write_result("train_profile", result, argv=argv,
-                 variant=args.precision + (f"-{isa.lower()}" if isa else ""))
+                 variant="-".join(v for v in (
+                     "" if args.sizes == "demo" else args.sizes,
+                     "" if args.attention_score == "additive" else args.attention_score,
+                     args.precision, isa.lower()) if v))
     return result
 
 

@@ -10,11 +10,15 @@ from tests.benchmarks import run_benchmark
 
 
 @pytest.mark.slow
-def test_train_profile_times_the_step_and_ranks_op_types(tmp_path):
+@pytest.mark.parametrize("size_set", ["demo", "tutorial"])
+def test_train_profile_times_the_step_and_ranks_op_types(tmp_path, size_set):
     proc = run_benchmark("train_profile", ["--batch", "8", "--repeats", "2", "--steps", "1",
-                                           "--profiled-steps", "2", "--top", "6"], tmp_path)
+                                           "--profiled-steps", "2", "--top", "6",
+                                           "--sizes", size_set], tmp_path)
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert out["sizes"]["batch"] == 8 and out["precision"] == "float32"
+    assert out["size_set"] == size_set
+    assert out["sizes"]["dim"] == {"demo": 130, "tutorial": 2048}[size_set]
     assert len(out["step_ms_all"]) == 2 and out["step_ms"] > 0
     assert out["examples_per_s"] == pytest.approx(8000 / out["step_ms"], rel=0.01)
     ops = out["op_types"]
@@ -26,4 +30,5 @@ def test_train_profile_times_the_step_and_ranks_op_types(tmp_path):
     assert any("MatMul" in name for name in ops), list(ops)
     assert 0 < sum(row["share"] for row in ops.values()) <= 1.0001
     [written] = os.listdir(tmp_path)
-    assert written.startswith("train_profile-float32-")
+    assert written.startswith({"demo": "train_profile-float32-",
+                               "tutorial": "train_profile-tutorial-float32-"}[size_set])
