@@ -138,33 +138,43 @@ class AttentionScorer(keras.layers.Layer):
         Args:
           annotations: (batch, L, D).
         Returns:
-          float32 `W_a a_i + b` (batch, L, units) for additive and concat,
-          `a_i^T W` (batch, L, n) for general, the annotations (batch, L, D) for dot.
+          float32 `W_a a_i + b` (batch, L, units) for additive and concat;
+          `a_i^T W` (batch, L, n) for general, in the compute dtype: every
+          step reads it twice (the score and its gradient), and under mixed
+          precision bfloat16 halves those reads, as mixed precision's
+          dot-product attention does (the softmax stays float32); the
+          annotations (batch, L, D) in float32 for dot.
         """
         annotations = ops.cast(annotations, self.compute_dtype)
         if self.score == "dot":
             return ops.cast(annotations, "float32")
-        return ops.cast(self.annotation_projection(annotations), "float32")
+        projection = self.annotation_projection(annotations)
+        return projection if self.score == "general" else ops.cast(projection, "float32")
 
-    def query(self, hidden):
-        """general and dot: the (batch, n or D) float32 vector the projection is multiplied by."""
+    def query(self, hidden, dtype="float32"):
+        """general and dot: the (batch, n or D) vector the projection is multiplied by.
+
+        In `dtype`, the dtype of `project()`'s output (general: the compute
+        dtype; dot: float32).
+        """
         if self.score == "dot" and hasattr(self, "hidden_projection"):
             hidden = self.hidden_projection(ops.cast(hidden, self.compute_dtype))   # (batch, D)
-        query = ops.cast(hidden, "float32")
-        return query * float(query.shape[-1]) ** -0.5
+        query = ops.cast(hidden, dtype)
+        return query * ops.cast(float(query.shape[-1]) ** -0.5, dtype)
 
     def _scores(self, projected, hidden, offset=None):
         """(batch, L) float32 scores `e_t` from `project()`'s output and `h_{t-1}`."""
-        projected = ops.cast(projected, "float32")
         if self.score in ("additive", "concat"):
+            projected = ops.cast(projected, "float32")
             hidden = ops.cast(self.hidden_projection(ops.cast(hidden, self.compute_dtype)),
                               "float32")
             energy = ops.tanh(projected + ops.expand_dims(hidden, 1))
             return score(energy, ops.cast(self.score_kernel, "float32"))
+        query = self.query(hidden, projected.dtype)
         if offset is not None:   # general in the training loop, `W`'s gradient hoisted
-            return hoisted_gradients.matvec_without_matrix_grad(
-                projected, self.query(hidden)) + offset
-        return ops.einsum("bld,bd->bl", projected, self.query(hidden))
+            return ops.cast(hoisted_gradients.matvec_without_matrix_grad(projected, query),
+                            "float32") + offset
+        return ops.cast(ops.einsum("bld,bd->bl", projected, query), "float32")
 
     def attention_weights(self, projected, hidden, mask=None, offset=None):
         """`alpha_t = softmax(e_t)` over the regions, in float32.

@@ -7,6 +7,8 @@ per-step values the time loop records (`records`).
 """
 from __future__ import annotations
 
+from keras import ops
+
 from models.decoder_options import DecoderOptions
 from models.glimpse_attention import GlimpseAttention
 from models.hard_attention import HardAttention
@@ -78,7 +80,7 @@ def attend(model, h, seq, per_step=None) -> dict:
         alpha, log_alpha = layer.attention_weights(seq.projected, h, seq.mask, offset)
         attended = {"alpha": alpha, "weights": alpha}
         if offset is not None:
-            attended["query"] = layer.query(h)
+            attended["query"] = layer.query(h, seq.projected.dtype)
         if options.hard:
             attended["weights"], _, attended["sample_log_prob"] = layer.select(
                 alpha, log_alpha, training=seq.training, use_expected=seq.use_expected,
@@ -88,9 +90,17 @@ def attend(model, h, seq, per_step=None) -> dict:
 
 
 def context(model, attended, annotations):
-    """`z_t` (batch, D) of `attend`'s result, gated by `beta_t` where there is a gate."""
-    if attended["weights"] is None:
+    """`z_t` (batch, D) of `attend`'s result, gated by `beta_t` where there is a gate.
+
+    With weights, the gate scales them: `z_t = sum_i (beta_t w_i) a_i` is
+    `beta_t sum_i w_i a_i` with an L-wide product each step, and in its
+    gradient, instead of a D-wide one (D = 2048 against L = 64 at the
+    paper's sizes).
+    """
+    beta, weights = attended["beta"], attended["weights"]
+    if weights is None:
         z = attended["context"]
-    else:
-        z = model.attention_layer.weighted_context(attended["weights"], annotations)
-    return z if attended["beta"] is None else attended["beta"] * z
+        return z if beta is None else beta * z
+    if beta is not None:
+        weights = ops.cast(beta, weights.dtype) * weights
+    return model.attention_layer.weighted_context(weights, annotations)

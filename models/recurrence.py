@@ -93,7 +93,7 @@ def run(model, x_gates, state, seq: SequenceInputs, noise=None) -> dict:
 
     records = model.step_records()
     if "score_offset" in per_step:
-        records = {**records, "query": "float32"}
+        records = {**records, "query": seq.projected.dtype}
     names = {"h": model.compute_dtype, "z": model.compute_dtype, **records}
     if seq.counterfactual:
         names.update(h_expected=model.compute_dtype, z_expected=model.compute_dtype)

@@ -54,6 +54,26 @@ def test_general_is_the_scaled_bilinear_form():
     np.testing.assert_allclose(layer(a, h)[0], _softmax(scores), rtol=1e-5, atol=1e-6)
 
 
+def test_general_under_mixed_precision_reads_its_projection_in_bfloat16():
+    """The per-step projection `a W` stays in the compute dtype (half the bytes each step
+    reads); the scores' softmax is float32 and within bfloat16 rounding of float32's."""
+    layer, a, h = _built("general"), annotations(), hidden()
+    exact = layer(a, h)[0].numpy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        mixed = AttentionScorer(UNITS, score="general")
+        mixed.build((None, REGIONS, DIM), (None, HIDDEN))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    mixed.set_weights(layer.get_weights())
+    projected = mixed.project(a)
+    assert projected.dtype == tf.bfloat16
+    alpha, log_alpha = mixed.attention_weights(projected, h)
+    assert alpha.dtype == log_alpha.dtype == tf.float32
+    np.testing.assert_allclose(alpha, exact, atol=0.02)
+    np.testing.assert_allclose(alpha.numpy().sum(-1), 1.0, rtol=1e-6)
+
+
 def test_dot_is_the_scaled_dot_product():
     a, h = annotations(), hidden()
     np.testing.assert_allclose(_built("dot")(a, h)[0],

@@ -16,6 +16,26 @@ def test_masked_nll_is_minus_log_softmax_at_real_tokens_only():
     assert (nll[targets == 0] == 0).all()
 
 
+def test_masked_nll_matches_the_fused_cross_entropy_in_value_and_gradient():
+    """Log-sum-exp minus the target logit: TensorFlow's sparse softmax cross-entropy,
+    also for logits far from zero (no overflow) and in bfloat16."""
+    import tensorflow as tf
+    rng = np.random.default_rng(1)
+    targets = tf.constant(rng.integers(1, 50, size=(3, 5)), tf.int32)
+    for scale, shift, dtype in ((1.0, 0.0, tf.float32), (30.0, 500.0, tf.float32),
+                                (4.0, 0.0, tf.bfloat16)):
+        logits = tf.Variable(tf.cast(rng.normal(size=(3, 5, 50)) * scale + shift, dtype))
+        with tf.GradientTape(persistent=True) as tape:
+            ours = losses.masked_nll(logits, targets)
+            fused = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                targets, tf.cast(logits, tf.float32))
+        assert ours.dtype == tf.float32 and np.isfinite(ours.numpy()).all()
+        np.testing.assert_allclose(ours, fused, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tf.cast(tape.gradient(ours, logits), tf.float32),
+                                   tf.cast(tape.gradient(fused, logits), tf.float32),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_doubly_stochastic_penalty_is_zero_when_every_region_sums_to_one():
     # T = L = 9, alpha_ti = 1/L: sum_t alpha_ti = 1 for every region i.
     alpha = np.full((2, 9, 9), 1 / 9, "float32")

@@ -86,6 +86,28 @@ def test_symbolic_and_eager_calls(attention):
     np.testing.assert_allclose(np.asarray(out["alpha"]).sum(-1), 1.0, rtol=1e-5)
 
 
+def test_the_gate_scales_the_weights_as_it_would_scale_the_context():
+    """`context` folds beta_t into the (batch, L) weights: the value and the gradients
+    of `beta_t sum_i alpha_i a_i`."""
+    from models import attention_step
+    from tests.models.tiny import annotations as grids
+    model = make_model()
+    rng = np.random.default_rng(5)
+    a = tf.constant(grids())
+    alpha = tf.nn.softmax(tf.constant(rng.normal(size=(2, REGIONS)), tf.float32))
+    beta = tf.constant(rng.uniform(0.1, 0.9, size=(2, 1)), tf.float32)
+    probe = tf.constant(rng.normal(size=(2, DIM)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([alpha, beta])
+        z = attention_step.context(model, {"weights": alpha, "beta": beta}, a)
+        want = beta * tf.einsum("bl,bld->bd", alpha, a)
+        loss, want_loss = tf.reduce_sum(z * probe), tf.reduce_sum(want * probe)
+    np.testing.assert_allclose(z, want, rtol=1e-5, atol=1e-6)
+    for variable in (alpha, beta):
+        np.testing.assert_allclose(tape.gradient(loss, variable),
+                                   tape.gradient(want_loss, variable), rtol=1e-5, atol=1e-6)
+
+
 def test_masked_regions_get_zero_attention_at_every_step():
     model = make_model()
     mask = np.ones((2, REGIONS), bool)
