@@ -83,3 +83,11 @@ def run_concurrently(fn, args):
     for t in threads:
         t.join()
     return results
+
+
+def fresh_process_words(code: str) -> list:
+    """Runs `code` in a new Python (TensorFlow not yet started there); its stdout's words."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True).stdout.split()

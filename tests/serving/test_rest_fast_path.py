@@ -115,8 +115,7 @@ def test_thread_spinning_auto_is_off_only_on_small_hosts():
 
 @pytest.mark.parametrize("flag,expected", [("off", True), ("on", False)])
 def test_thread_spinning_flag_reaches_the_eager_config(flag, expected):
-    import subprocess
-    import sys
+    from tests.serving.conftest import fresh_process_words
     code = ("import tensorflow as tf\n"
             "from tensorflow.python.eager import context\n"
             "from serving.server import _set_tf_threads\n"
@@ -125,6 +124,4 @@ def test_thread_spinning_flag_reaches_the_eager_config(flag, expected):
             "config = context.context().config\n"
             "print(config.experimental.disable_thread_spinning, "
             "config.intra_op_parallelism_threads)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()
-    assert out[-2:] == [str(expected), "1"]
+    assert fresh_process_words(code)[-2:] == [str(expected), "1"]

@@ -1,13 +1,12 @@
 """`captioner serve`'s intra-op pool size when `--tensorflow_intra_op_parallelism` is unset."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from serving.export import EXPORT_RECORD
 from serving.thread_choice import SMALL_ENCODER_GFLOPS, choose_intra_op, newest_encoder_gflops
+from tests.serving.conftest import fresh_process_words
 
 
 def _version(base, version, gflops=None, record=True, saved_model=True):
@@ -93,9 +92,7 @@ def test_the_server_reads_the_cost_before_tensorflow_starts_and_sets_one_thread(
         "tf.constant(1.0) + 1.0\n"
         "print(len(paths), started, choice.intra_op, "
         "context.context().config.intra_op_parallelism_threads)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, check=True).stdout.split()
-    assert out[-4:] == ["1", "False", "1", "1"]
+    assert fresh_process_words(code)[-4:] == ["1", "False", "1", "1"]
 
 
 def test_the_flag_is_unset_by_default_and_zero_when_given_zero():
