@@ -332,7 +332,23 @@ class TrainingLoop:
         return make_train_step(
             self.strategy, self.model, self.optimizer, clip_norm=tcfg.clip_norm,
             global_batch_size=tcfg.batch_size, element_spec=element_spec,
-            jit_compile=tcfg.jit_compile)
+            jit_compile=tcfg.jit_compile, token_normalizer=self._token_normalizer())
+
+    def _token_normalizer(self) -> float | None:
+        """Under `bucket_by_length`: the expected tokens of a global batch (else None).
+
+        Bucketed batches hold captions of one length. Dividing each batch's
+        summed token losses by its own token count would give a token of a
+        short caption several times the weight of a token of a long one; a
+        constant keeps every token's weight the same, as in shuffled batches.
+        """
+        if not self.tcfg.bucket_by_length:
+            return None
+        mean_tokens = self.inputs.data.mean_caption_tokens()
+        normalizer = mean_tokens * self.tcfg.batch_size
+        self.say(f"bucket_by_length: token losses divided by {normalizer:.0f} "
+                 f"({self.tcfg.batch_size} captions x {mean_tokens:.2f} tokens on average)")
+        return normalizer
 
     def _call_step(self, batch) -> dict:
         """One distributed step on `batch`: its results as floats."""

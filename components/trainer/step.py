@@ -3,7 +3,11 @@
 On each replica: the model's loss terms (`compute_loss_terms`); the token
 terms are re-weighted by `local tokens / global tokens` and the batch-mean
 attention penalty by `local batch / global batch`, so the replicas' losses
-sum to the loss of the global batch. Gradients are summed over replicas,
+sum to the loss of the global batch. With a fixed `token_normalizer` (the
+Trainer's choice under `train.bucket_by_length`) the token terms are divided
+by that constant instead of the batch's token count, so that a token weighs
+the same in a batch of short captions as in one of long captions; the
+reported `loss` stays the per-token mean. Gradients are summed over replicas,
 clipped by their global norm, then applied. (Keras' own `global_clipnorm`
 would clip each replica's partial gradient before its all-reduce, which is
 not the norm of the global gradient; with `clip_norm <= 0` the gradients go
@@ -23,7 +27,8 @@ _HARD_KEYS = ("baseline", "reward", "reinforce_term", "used_expected_alpha", "gu
 
 
 def make_train_step(strategy, model, optimizer, clip_norm: float, global_batch_size: int,
-                    element_spec, jit_compile: bool = False) -> Callable:
+                    element_spec, jit_compile: bool = False,
+                    token_normalizer: float | None = None) -> Callable:
     """The distributed training step: `step(per_replica_batch) -> dict of float scalars`.
 
     Args:
@@ -35,6 +40,9 @@ def make_train_step(strategy, model, optimizer, clip_norm: float, global_batch_s
       global_batch_size: examples per step over all replicas.
       element_spec: the distributed dataset's `element_spec` (one trace).
       jit_compile: XLA-compile the forward and backward pass of each replica.
+      token_normalizer: divide the global batch's summed token losses by this
+        constant (the expected tokens per global batch) instead of by the
+        batch's own token count; None: by the count.
     Returns:
       A `tf.function`; its result holds `SUM_KEYS` summed and `MEAN_KEYS`
       averaged over replicas.
@@ -42,7 +50,7 @@ def make_train_step(strategy, model, optimizer, clip_norm: float, global_batch_s
     import tensorflow as tf
     replica_step = _make_replica_step(strategy, model, optimizer, clip_norm,
                                       _make_gradients(model, optimizer, global_batch_size,
-                                                      jit_compile))
+                                                      jit_compile, token_normalizer))
 
     @tf.function(input_signature=[element_spec], autograph=False)
     def step(batch):
@@ -61,7 +69,8 @@ def is_loss_scaled(optimizer) -> bool:
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-def _make_gradients(model, optimizer, global_batch_size: int, jit_compile: bool) -> Callable:
+def _make_gradients(model, optimizer, global_batch_size: int, jit_compile: bool,
+                    token_normalizer: float | None = None) -> Callable:
     """`gradients(annotations, tokens, global_tokens) -> (grads, terms)` of one replica."""
     import tensorflow as tf
     variables = model.trainable_variables
@@ -74,9 +83,11 @@ def _make_gradients(model, optimizer, global_batch_size: int, jit_compile: bool)
             local_tokens = tf.maximum(terms["num_tokens"], 1.0)
             local_batch = tf.cast(tf.shape(tokens)[0], tf.float32)
             token_part = terms["loss"] - terms["attention_penalty"]
-            loss = (token_part * (local_tokens / tf.maximum(global_tokens, 1.0))
-                    + terms["attention_penalty"] * (local_batch / global_batch_size))
-            scaled = optimizer.scale_loss(loss) if loss_scaled else loss
+            penalty = terms["attention_penalty"] * (local_batch / global_batch_size)
+            loss = token_part * (local_tokens / tf.maximum(global_tokens, 1.0)) + penalty
+            objective = loss if token_normalizer is None else (
+                token_part * (local_tokens / float(token_normalizer)) + penalty)
+            scaled = optimizer.scale_loss(objective) if loss_scaled else objective
         grads = tape.gradient(scaled, variables)
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
                  for g, v in zip(grads, variables)]

@@ -167,6 +167,20 @@ class TrainData:
             self._source = ds
         return self._source
 
+    def mean_caption_tokens(self, sample: int = 2048) -> float:
+        """Mean predicted tokens per caption (`<start>` excluded) over the first `sample` images.
+
+        Reads only the captions of the first shards, whatever the cache.
+        """
+        ds = _read(self.files, self.parallel_reads).take(sample).map(
+            lambda r: schema.parse_caption_tokens(r)["lengths"],
+            num_parallel_calls=tf.data.AUTOTUNE)
+        total = count = 0
+        for lengths in ds.as_numpy_iterator():
+            total += int(np.sum(np.maximum(lengths - 1, 0)))
+            count += int(lengths.size)
+        return total / count if count else 1.0
+
     def steps_per_epoch(self, num_input_pipelines: int = 1) -> int:
         """Steps of one epoch: every pipeline has `num_records // pipelines` images."""
         per_pipeline = self.num_records // num_input_pipelines

@@ -194,6 +194,15 @@ def test_bucketing_pads_less_with_the_same_batches_and_skip_resumes(source):
     assert all(x["tokens"].shape[1] == 8 for x in fixed)
 
 
+def test_mean_caption_tokens_counts_the_predicted_tokens_of_every_caption(source):
+    data = _data(source)
+    lengths = [length for _, record in data.source().as_numpy_iterator()
+               for length in record["lengths"]]
+    want = float(np.mean(lengths)) - 1.0                                 # <start> is not predicted
+    assert data.mean_caption_tokens() == pytest.approx(want)
+    assert data.mean_caption_tokens(sample=4) > 0
+
+
 def test_cache_auto_caches_a_split_that_fits_the_budget_and_streams_one_that_does_not():
     grid = [14, 14, 512]                      # the paper's grid: 200,704 bytes in float16
     cached, why = train_data.cache_plan("auto", 1000, grid, budget_mb=4096)

@@ -100,3 +100,39 @@ def test_step_loss_is_the_models_loss_and_every_weight_moves(attention):
     assert out["grad_norm"] > 1e-3   # the raw norm, before clipping
     changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables)]
     assert all(changed)
+
+
+def _sgd_update(model, batch, token_normalizer):
+    """The change of every weight after one Trainer step with plain SGD (rate 1)."""
+    import keras
+    optimizer = keras.optimizers.SGD(1.0)
+    optimizer.build(model.trainable_variables)
+    spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
+    step = make_train_step(tf.distribute.get_strategy(), model, optimizer, clip_norm=0.0,
+                           global_batch_size=len(batch["tokens"]), element_spec=spec,
+                           token_normalizer=token_normalizer)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    out = {k: float(v) for k, v in step(batch).items()}
+    delta = [v.numpy() - b for b, v in zip(before, model.trainable_variables)]
+    for v, b in zip(model.trainable_variables, before):
+        v.assign(b)
+    return out, delta
+
+
+def test_fixed_token_normalizer_divides_the_summed_token_losses_by_a_constant():
+    # Under bucket_by_length the Trainer divides a batch's summed token losses
+    # by the expected tokens per batch, not by the batch's own count: with the
+    # count itself the update is the default one, with twice the count half
+    # of it (no penalty, SGD: the update is the gradient), and the reported
+    # loss is the per-token mean either way.
+    model = make_model("soft", dropout=0.0, doubly_stochastic_lambda=0.0)
+    batch = {"annotations": tf.constant(annotations()), "tokens": tf.constant(CAPTIONS)}
+    tokens = float(np.sum(CAPTIONS[:, 1:] != 0))
+    default, d0 = _sgd_update(model, batch, None)
+    same, d1 = _sgd_update(model, batch, tokens)
+    double, d2 = _sgd_update(model, batch, 2 * tokens)
+    assert default["loss"] == pytest.approx(same["loss"]) == pytest.approx(double["loss"])
+    for a, b, c in zip(d0, d1, d2):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(c, a / 2, rtol=1e-5, atol=1e-7)
+    assert any(np.abs(a).max() > 1e-4 for a in d0)
