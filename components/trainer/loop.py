@@ -162,6 +162,7 @@ class TrainingLoop:
         self._iterator_end = 0          # the first epoch the iterator does not hold
         self._phase_settings()
         self._announce()
+        self.token_normalizer = self._token_normalizer()
         self._build()
         self._open_outputs()
         self.timing = Timing(started=setup.started or time.time())
@@ -332,18 +333,18 @@ class TrainingLoop:
         return make_train_step(
             self.strategy, self.model, self.optimizer, clip_norm=tcfg.clip_norm,
             global_batch_size=tcfg.batch_size, element_spec=element_spec,
-            jit_compile=tcfg.jit_compile, token_normalizer=self._token_normalizer())
+            jit_compile=tcfg.jit_compile, token_normalizer=self.token_normalizer)
 
     def _token_normalizer(self) -> float | None:
         """Under `bucket_by_length`: the expected tokens of a global batch (else None).
 
-        Bucketed batches hold captions of one length. Dividing each batch's
+        Bucketed batches hold captions of similar lengths. Dividing each batch's
         summed token losses by its own token count would give a token of a
         short caption several times the weight of a token of a long one; a
         constant keeps every token's weight the same, as in shuffled batches.
         """
-        if not self.tcfg.bucket_by_length:
-            return None
+        if not self.tcfg.bucket_by_length or self.phase != "xe":
+            return None   # (self-critical batches are not bucketed)
         mean_tokens = self.inputs.data.mean_caption_tokens()
         normalizer = mean_tokens * self.tcfg.batch_size
         self.say(f"bucket_by_length: token losses divided by {normalizer:.0f} "
