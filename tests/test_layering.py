@@ -71,7 +71,7 @@ def test_the_checks_see_function_level_imports(tmp_path):
 
 
 # Shared packages of `components`: every stage may import them, they import no stage.
-SHARED = ("components.contract", "components.synthetic")
+SHARED = ("components.contract", "components.synthetic", "components.beam")
 
 
 @pytest.mark.parametrize("shared", SHARED)

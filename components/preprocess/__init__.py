@@ -3,7 +3,7 @@
 | module | job |
 |---|---|
 | `stage` | the stage entry `run(ctx)`, the Beam pipeline and the vocabulary |
-| `beam_utils` | the Beam transforms: the encoder's `ModelHandler`, runner options, sharded writes |
+| `transforms` | the Beam graph: parse, tokenize, decode, encode, write; the vocabulary |
 """
 from components.preprocess.stage import run
 

@@ -18,7 +18,7 @@ import apache_beam as beam
 import numpy as np
 
 from components.contract import schema, stage_log
-from components.preprocess import beam_utils
+from components.beam import beam_utils
 from components.preprocess.transforms import (ENCODER_MODULES, INFERENCE_NAMESPACE, NAMESPACE,
                                               build_pipeline)
 from models import text

@@ -30,7 +30,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from components.contract import schema
-from components.preprocess import beam_utils
+from components.beam import beam_utils
 from models import text
 
 NAMESPACE = "Preprocess"

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components.preprocess import beam_utils, transforms
+from components.beam import beam_utils
+from components.preprocess import transforms
 from components.preprocess import stage as preprocess
 from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema

@@ -7,7 +7,7 @@ import os
 import apache_beam as beam
 import pytest
 
-from components.preprocess import beam_utils
+from components.beam import beam_utils
 from components.contract import io_utils
 
 
