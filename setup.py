@@ -21,6 +21,9 @@ setup(
         "tensorflow-datasets==4.9.10",
         # `captioner tensorboard`; TensorFlow 2.21 no longer installs it.
         "tensorboard>=2.21,<2.22",
+        # preprocess.runner=dask / captioner caption --model --runner dask: Beam on a
+        # dask.distributed cluster (components/beam/dask_runner.py adapts Beam's runner).
+        "dask[distributed]>=2026.8,<2027",
         # Beam's WriteToTFRecord needs a CRC32C implementation.
         "google-crc32c>=1.5",
         "grpcio-health-checking",

@@ -155,17 +155,25 @@ def run_bundle(elements, spec: ParDoSpec, *side_values) -> list:
         side_inputs=side_inputs, input_args=list(spec.args), input_kwargs=spec.kwargs,
         user_state_context=None, bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
     container = MetricsContainer(spec.label)
-    sampler = statesampler.get_current_tracker()
-    if sampler is None:
-        sampler = statesampler.StateSampler("", counters.CounterFactory())
-        statesampler.set_current_tracker(sampler)
+    # A sampler per bundle: a sampler keeps the first container of each step name.
+    sampler = statesampler.StateSampler("", counters.CounterFactory())
+    previous = statesampler.get_current_tracker()
+    statesampler.set_current_tracker(sampler)
+    try:
+        _process_bundle(invoker, sampler, spec, container, elements)
+    finally:
+        statesampler.set_current_tracker(previous)
+    outputs.append((METRICS_TAG, container.get_cumulative()))
+    return outputs
+
+
+def _process_bundle(invoker, sampler, spec: ParDoSpec, container, elements) -> None:
+    """start_bundle, process each element, finish_bundle, with `container` current."""
     with sampler.scoped_state(spec.label, "process", metrics_container=container):
         invoker.invoke_start_bundle()
         for element in elements:
             invoker.invoke_process(stock_ops.get_windowed_value(element, spec.window_fn))
         invoker.invoke_finish_bundle()
-    outputs.append((METRICS_TAG, container.get_cumulative()))
-    return outputs
 
 
 def select(pairs, tag) -> list:

@@ -12,13 +12,12 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import apache_beam as beam
-import numpy as np
 
 from components.contract import schema, stage_log
-from components.beam import beam_utils
+from components.beam import beam_utils, record_guard
 from components.preprocess.transforms import (ENCODER_MODULES, INFERENCE_NAMESPACE, NAMESPACE,
                                               build_pipeline)
 from models import text
@@ -53,12 +52,6 @@ class PreprocessJob:
     examples_counts: Mapping = dataclasses.field(default_factory=dict)
     beam_args: Sequence[str] = ()
     job_name: str | None = None
-
-
-def _count_records(files: Iterable[str]) -> int:
-    import tensorflow as tf
-    return sum(int(tf.data.TFRecordDataset(f).reduce(np.int64(0), lambda n, _: n + 1))
-               for f in files)
 
 
 def _grid_shape(encoder_path: str, properties: Mapping) -> list[int]:
@@ -116,7 +109,7 @@ def run_preprocess(job: PreprocessJob, log: Callable[[str], None] = _log) -> dic
     seconds = time.time() - start
     out_files = {s: beam_utils.match_files(beam_utils.join(
         job.annotations_uri, s, f"{schema.ANNOTATIONS_PREFIX}-*.tfrecord")) for s in splits}
-    per_split = _split_counts(job, metrics, out_files, log)
+    per_split = _split_counts(job, metrics, files, out_files, log)
     counts = {
         "seen": sum(r["seen"] for r in per_split.values()),
         "accepted": sum(r["accepted"] for r in per_split.values()),
@@ -166,7 +159,8 @@ def _run_beam(job: PreprocessJob, files: Mapping[str, Sequence[str]], encoder_pa
     runner = beam_utils.flag_value(list(job.beam_args), "runner") or config.runner
     with beam_utils.pipeline_options(
             config.runner, job.beam_args, direct_num_workers=config.direct_num_workers,
-            direct_running_mode=config.direct_running_mode, job_name=job.job_name) as options:
+            direct_running_mode=config.direct_running_mode, job_name=job.job_name,
+            dask_workers=config.dask_workers) as options:
         p = beam.Pipeline(options=options)
         build_pipeline(p, job, files, encoder_path, grid_shape)
         total = (sum(int(job.examples_counts.get(s) or 0) for s in splits)
@@ -182,7 +176,9 @@ def _run_beam(job: PreprocessJob, files: Mapping[str, Sequence[str]], encoder_pa
             c = beam_utils.counters(result, NAMESPACE) or {}
             seen = sum(v for k, v in c.items() if k.endswith("_seen"))
             done = sum(v for k, v in c.items() if k.endswith("_accepted"))
-            return f"{seen} images read, {done} encoded" if seen else None
+            parts = getattr(result, "partitions", 0)  # the Dask runner's tasks
+            tasks = f" ({result.partitions_done}/{parts} partitions done)" if parts else ""
+            return f"{seen} images read, {done} encoded{tasks}" if seen or tasks else None
 
         if state is None:
             state = beam_utils.wait_with_progress(result, report, log=log)
@@ -195,32 +191,40 @@ def _run_beam(job: PreprocessJob, files: Mapping[str, Sequence[str]], encoder_pa
 
 
 def _split_counts(job: PreprocessJob, metrics: Mapping | None,
-                  out_files: Mapping[str, Sequence[str]], log: Callable[[str], None]) -> dict:
-    """Split -> seen, accepted, dead-lettered: from the Beam counters, else from the files."""
-    per_split = {}
+                  files: Mapping[str, Sequence[str]], out_files: Mapping[str, Sequence[str]],
+                  log: Callable[[str], None]) -> dict:
+    """Split -> seen, accepted, dead-lettered, counted from the files; raises on any loss.
+
+    Records in: the Examples artifact's count of the split (else the Beam
+    counters, else the input files); written: the records in the output
+    shards; dead-lettered: the lines of the dead-letter file. The Beam
+    counters are cross-checked, never trusted alone: a runner can count an
+    output it then drops (docs/beam.md, "Dask").
+    """
+    dead = _dead_letters_by_split(beam_utils.join(job.annotations_uri, schema.DEAD_LETTERS_FILE))
+    guard, per_split = {}, {}
     for s in schema.SPLITS:
-        if metrics is not None:
-            per_split[s] = {"seen": metrics.get(f"{s}_seen", 0),
-                            "accepted": metrics.get(f"{s}_accepted", 0),
-                            "dead_lettered": metrics.get(f"{s}_dead_lettered", 0)}
-        else:
-            per_split[s] = {"seen": None, "accepted": _count_records(out_files.get(s, [])),
-                            "dead_lettered": None}
-    if metrics is None:
-        log("the runner reported no counters; counting the written files")
-        dead_lines = _dead_letters_by_split(
-            beam_utils.join(job.annotations_uri, schema.DEAD_LETTERS_FILE))
-        for s, row in per_split.items():
-            row["dead_lettered"] = dead_lines.get(s, 0)
-            row["seen"] = row["accepted"] + row["dead_lettered"]
-    for s, row in per_split.items():
-        if row["accepted"] + row["dead_lettered"] != row["seen"]:
-            raise RuntimeError(f"Preprocess lost records in split {s}: seen {row['seen']}, "
-                               f"accepted {row['accepted']}, dead-lettered {row['dead_lettered']}")
+        written = record_guard.count_tfrecords(out_files.get(s, []))
         expected = job.examples_counts.get(s) if job.examples_counts else None
-        if expected is not None and expected != row["seen"]:
-            log(f"warning: split {s} has {expected} Examples "
-                f"by their artifact counts but {row['seen']} were read")
+        if expected is not None:
+            read = int(expected)
+        elif metrics is not None:
+            read = int(metrics.get(f"{s}_seen", 0))
+        else:
+            read = record_guard.count_tfrecords(files.get(s, []))
+        guard[s] = {"read": read, "written": written, "dead_lettered": dead.get(s, 0)}
+        if metrics is not None:
+            counted = {"read": int(metrics.get(f"{s}_seen", 0)),
+                       "written": int(metrics.get(f"{s}_accepted", 0)),
+                       "dead_lettered": int(metrics.get(f"{s}_dead_lettered", 0))}
+            if counted != guard[s]:
+                log(f"split {s}: the Beam counters say {counted}, the files {guard[s]}")
+                guard[f"{s} (Beam counters against the files)"] = {
+                    "read": counted["written"], "written": written, "dead_lettered": 0}
+        per_split[s] = {"seen": read, "accepted": written, "dead_lettered": dead.get(s, 0)}
+    if metrics is None:
+        log("the runner reported no counters; the counts come from the files")
+    record_guard.check(NAMESPACE, guard)
     return per_split
 
 

@@ -66,8 +66,9 @@ class EncoderConfig:
 @dataclass(frozen=True)
 class PreprocessConfig:
     """Beam preprocessing: encoder inference and vocabulary."""
-    runner: str = "direct"             # direct | portable | any Beam runner name
+    runner: str = "direct"             # direct | portable | dask | any Beam runner name
     direct_num_workers: int = 1        # direct runner workers (multi_processing mode)
+    dask_workers: int = 2              # dask without --dask_client_address: local worker processes
     direct_running_mode: str = "in_memory"  # in_memory | multi_threading | multi_processing
     max_batch_size: int = 64           # RunInference batch bound
     min_batch_size: int = 8            # RunInference smallest batch
