@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from components.contract import stage_log
 from components.contract.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
+from components.contract.errors import ActionableError
 from pipeline import config as config_lib
 from pipeline import dag
 from pipeline import input_fingerprints
@@ -413,6 +414,8 @@ class Runner:
                 spec.name, inputs, read, self.root, self.stages, work_dir)
             if message:
                 raise StageError(message) from e
+            if isinstance(e, ActionableError):
+                raise StageError(f"{spec.name} failed: {e}") from e
             raise
         arts = {}
         for name, typ in spec.outputs.items():

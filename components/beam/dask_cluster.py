@@ -14,13 +14,15 @@ import logging
 import os
 from typing import Any
 
+from components.contract.errors import ActionableError
+
 # Seconds to reach a scheduler before giving up (Beam's --dask_connection_timeout overrides).
 CONNECT_TIMEOUT_S = 10
 # The modules a worker must import to run the project's DoFns.
 WORKER_MODULES = ("components.beam.dask_runner", "models.image_ops")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(ActionableError):
     """The cluster cannot run the job: unreachable, no workers, or workers without the package."""
 
 

@@ -2,7 +2,7 @@
 
 Beam 2.77's `apache_beam.runners.dask.dask_runner.DaskRunner` translates a
 pipeline into `dask.bag` operations. On a scheduler with worker processes it
-loses data without an error, in four ways this module fixes by translating
+loses data without an error, in the ways this module fixes by translating
 the pipeline itself (`_Translator`) while keeping Beam's `GroupByKey` and
 `Flatten` operations and its pipeline overrides:
 
@@ -17,8 +17,12 @@ the pipeline itself (`_Translator`) while keeping Beam's `GroupByKey` and
    it (a second sink, `WriteToText`'s finalize step) never runs. Here every
    leaf of the graph is computed.
 4. Side inputs are computed inside each task that reads them (once per
-   bundle). Here each side input is one dask `Item`, computed once and
-   passed to the tasks.
+   bundle). Here each side input is one task, computed once and passed to
+   the tasks that read it.
+5. GroupByKey takes dask's default shuffle, which is the single-machine disk
+   shuffle (partd files in one worker's temp folder) whenever the driver's
+   client is not the process-wide default: a worker that dies takes groups
+   with it. Here it is always the task shuffle.
 
 And it adds what a production job needs: counters and distributions
 (`result.metrics()`: the stock result raises NotImplementedError), collected
@@ -191,6 +195,17 @@ def count(elements) -> int:
     return sum(1 for _ in elements)
 
 
+def group_key(item):
+    """The key of a `(key, windowed value)` element before GroupByKey."""
+    return item[0]
+
+
+def group_values(group) -> tuple:
+    """`(key, [(key, windowed value), ...])` -> `(key, [value, ...])`."""
+    key, items = group
+    return key, [stock_ops.defenestrate(item[1]) for item in items]
+
+
 def read_bundle(bundles) -> list:
     """Reads `beam.io.Read` source bundles (one partition: some of a source's splits)."""
     out = []
@@ -263,7 +278,9 @@ class _Translator(PipelineVisitor):
         elif isinstance(transform, stock_overrides._Reshuffle):
             bag = inputs[0].repartition(max(inputs[0].npartitions, self.partitions))
         elif isinstance(transform, stock_overrides._GroupByKeyOnly):
-            bag = stock_ops.GroupByKey(node).apply(inputs[0])
+            # The task shuffle, named: without a default client, dask picks its disk
+            # shuffle, whose files live on one worker's disk (lost with the worker).
+            bag = inputs[0].groupby(group_key, shuffle="tasks").map(group_values)
         elif isinstance(transform, stock_overrides._Flatten):
             bag = stock_ops.Flatten(node).apply(inputs)
         elif isinstance(transform, (stock_overrides._GroupAlsoByWindow, beam.WindowInto)):

@@ -12,12 +12,14 @@ from __future__ import annotations
 import struct
 from typing import Iterable, Mapping
 
+from components.contract.errors import ActionableError
+
 # A TFRecord: uint64 length, uint32 masked CRC of the length, data, uint32 masked CRC of the data.
 _HEADER = 12
 _FOOTER = 4
 
 
-class RecordLossError(RuntimeError):
+class RecordLossError(ActionableError):
     """What a job read differs from what it wrote plus what it dead-lettered."""
 
 

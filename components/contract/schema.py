@@ -381,6 +381,15 @@ def read_vocabulary(vocabulary_uri: str) -> list[str]:
     return tokens
 
 
+def read_word_counts(vocabulary_uri: str) -> dict:
+    """word -> count over the train captions, from `<vocabulary>/counts.json`."""
+    import json
+
+    import tensorflow as tf
+    with tf.io.gfile.GFile(os.path.join(vocabulary_uri, COUNTS_FILE)) as f:
+        return json.load(f)
+
+
 def vocabulary_size(vocabulary_uri: str, properties: Mapping | None = None) -> int:
     """`properties["size"]` of the Vocabulary artifact, else the tokens of `vocab.txt`."""
     if properties and properties.get("size"):

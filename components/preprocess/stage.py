@@ -18,6 +18,7 @@ import apache_beam as beam
 
 from components.contract import schema, stage_log
 from components.beam import beam_utils, record_guard
+from components.preprocess import transforms
 from components.preprocess.transforms import (ENCODER_MODULES, INFERENCE_NAMESPACE, NAMESPACE,
                                               build_pipeline)
 from models import text
@@ -195,9 +196,9 @@ def _split_counts(job: PreprocessJob, metrics: Mapping | None,
                   log: Callable[[str], None]) -> dict:
     """Split -> seen, accepted, dead-lettered, counted from the files; raises on any loss.
 
-    Records in: the Examples artifact's count of the split (else the Beam
-    counters, else the input files); written: the records in the output
-    shards; dead-lettered: the lines of the dead-letter file. The Beam
+    Records in: the records of the split's Examples files; written: the
+    records in the output shards; dead-lettered: the lines of the
+    dead-letter file (all three read from the files' framing, not decoded). The Beam
     counters are cross-checked, never trusted alone: a runner can count an
     output it then drops (docs/beam.md, "Dask").
     """
@@ -205,13 +206,11 @@ def _split_counts(job: PreprocessJob, metrics: Mapping | None,
     guard, per_split = {}, {}
     for s in schema.SPLITS:
         written = record_guard.count_tfrecords(out_files.get(s, []))
+        read = record_guard.count_tfrecords(files.get(s, []))
         expected = job.examples_counts.get(s) if job.examples_counts else None
-        if expected is not None:
-            read = int(expected)
-        elif metrics is not None:
-            read = int(metrics.get(f"{s}_seen", 0))
-        else:
-            read = record_guard.count_tfrecords(files.get(s, []))
+        if expected is not None and int(expected) != read:
+            log(f"warning: split {s} has {expected} Examples by their artifact counts "
+                f"but {read} records in its files")
         guard[s] = {"read": read, "written": written, "dead_lettered": dead.get(s, 0)}
         if metrics is not None:
             counted = {"read": int(metrics.get(f"{s}_seen", 0)),
@@ -224,6 +223,14 @@ def _split_counts(job: PreprocessJob, metrics: Mapping | None,
         per_split[s] = {"seen": read, "accepted": written, "dead_lettered": dead.get(s, 0)}
     if metrics is None:
         log("the runner reported no counters; the counts come from the files")
+    else:  # the vocabulary branch read the whole train split and counted every word
+        counts = schema.read_word_counts(job.vocabulary_uri)
+        guard["vocabulary (train records)"] = {
+            "read": guard["train"]["read"], "dead_lettered": 0,
+            "written": int(metrics.get(transforms.VOCABULARY_RECORDS, 0))}
+        guard["vocabulary (words)"] = {
+            "read": int(metrics.get(transforms.VOCABULARY_WORDS, 0)), "dead_lettered": 0,
+            "written": sum(counts.values())}
     record_guard.check(NAMESPACE, guard)
     return per_split
 

@@ -36,6 +36,8 @@ from models import text
 NAMESPACE = "Preprocess"
 INFERENCE_NAMESPACE = "Preprocess/RunInference"  # RunInference's own metrics
 DEAD_LETTERS = "dead_letters"
+# Counters of the vocabulary branch: train records read, words counted.
+VOCABULARY_RECORDS, VOCABULARY_WORDS = "vocabulary_records", "vocabulary_words"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # TF's op context in error messages: "[[{{node ..}}]]", "{{function_node ..}}", "[Op:..]".
 _OP_NODE = re.compile(r"\[\[.*?\]\]|\{\{.*?\}\}|\[Op:.*?\]", re.S)
@@ -88,12 +90,14 @@ def build_vocabulary(counts: Mapping[str, int], min_count: int = 1,
 
 
 def _caption_words(record: bytes) -> list[str]:
-    """All normalized words of one serialized Example's captions."""
+    """All normalized words of one serialized Example's captions (counted for the guard)."""
     import tensorflow as tf
     example = tf.train.Example.FromString(record)
     words: list[str] = []
     for caption in schema.example_captions(example.features.feature):
         words += text.normalize(caption)
+    Metrics.counter(NAMESPACE, VOCABULARY_RECORDS).inc()
+    Metrics.counter(NAMESPACE, VOCABULARY_WORDS).inc(len(words))
     return words
 
 
