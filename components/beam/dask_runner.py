@@ -71,6 +71,7 @@ CREATE_PARTITION_ELEMENTS = 1000
 class ParDoSpec:
     """What a worker needs to run one ParDo's bundles (pickled into each task)."""
     uid: str
+    job: str
     label: str
     fn: beam.DoFn
     args: tuple
@@ -101,22 +102,30 @@ class _TagReceiver(Receiver):
         self.outputs.append((self.tag, windowed_value.value))
 
 
-# uid -> set-up DoFn, per worker thread (DoFns need not be thread-safe).
+# The set-up DoFns of one job, per worker thread (DoFns need not be thread-safe):
+# `job` (the job's id) and `fns` (ParDo uid -> DoFn).
 _DOFNS = threading.local()
 
 
 def _dofn(spec: ParDoSpec) -> beam.DoFn:
-    """This thread's instance of the spec's DoFn, set up once."""
-    fns = getattr(_DOFNS, "fns", None)
-    if fns is None:
-        fns = _DOFNS.fns = {}
-    fn = fns.get(spec.uid)
+    """This thread's instance of the spec's DoFn, set up once per job.
+
+    A worker outlives jobs: the DoFns of an earlier job (and the models they
+    hold) are torn down when a task of another job arrives.
+    """
+    from apache_beam.runners.common import DoFnSignature
+    if getattr(_DOFNS, "job", None) != spec.job:
+        for old in getattr(_DOFNS, "fns", {}).values():
+            try:
+                DoFnSignature(old).teardown_lifecycle_method.method_value()
+            except Exception:  # noqa: BLE001 - teardown is best effort, as in Beam
+                pass
+        _DOFNS.job, _DOFNS.fns = spec.job, {}
+    fn = _DOFNS.fns.get(spec.uid)
     if fn is None:
-        from apache_beam.runners.common import DoFnSignature
         fn = spec.fn
-        method = DoFnSignature(fn).setup_lifecycle_method
-        method.method_value()
-        fns[spec.uid] = fn
+        DoFnSignature(fn).setup_lifecycle_method.method_value()
+        _DOFNS.fns[spec.uid] = fn
     return fn
 
 
@@ -232,6 +241,7 @@ class _Translator(PipelineVisitor):
         self.tagged: set = set()       # producers whose bags hold (tag, value) pairs
         self.consumed: set = set()
         self.pardos: list = []
+        self.job = uuid.uuid4().hex
 
     # -- inputs
 
@@ -327,7 +337,7 @@ class _Translator(PipelineVisitor):
         args, kwargs = transform.raw_side_inputs
         main = next(iter(node.main_inputs.values()))
         spec = ParDoSpec(
-            uid=f"{node.full_label}-{uuid.uuid4().hex}", label=node.full_label,
+            uid=f"{node.full_label}-{uuid.uuid4().hex}", job=self.job, label=node.full_label,
             fn=transform.fn, args=tuple(args), kwargs=dict(kwargs),
             window_fn=main.windowing.windowfn if hasattr(main, "windowing") else None,
             side_views=tuple((type(si), si._view_options()) for si in node.side_inputs))

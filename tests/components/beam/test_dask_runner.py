@@ -239,3 +239,42 @@ def test_dofn_errors_fail_the_job(cluster):
 
     with pytest.raises(ValueError, match="bad element"):
         run(ADAPTER, cluster.scheduler_address, build)
+
+
+class SetupMarks(beam.DoFn):
+    """Leaves a `setup-*` file per setup, a `teardown-*` per teardown, a `bundle-*` per bundle."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def _mark(self, kind):
+        open(os.path.join(self.folder, f"{kind}-{uuid.uuid4().hex}"), "w").close()
+
+    def setup(self):
+        self._mark("setup")
+
+    def start_bundle(self):
+        self._mark("bundle")
+
+    def process(self, x):
+        yield x
+
+    def teardown(self):
+        self._mark("teardown")
+
+
+def test_a_dofn_is_set_up_once_per_worker_thread_and_torn_down_by_the_next_job(cluster, tmp_path):
+    def build(p):
+        _ = p | beam.Create(range(40)) | beam.ParDo(SetupMarks(str(tmp_path)))
+
+    def marks(kind):
+        return len([n for n in os.listdir(tmp_path) if n.startswith(kind)])
+
+    run(ADAPTER, cluster.scheduler_address, build, "--dask_npartitions=8")
+    assert marks("bundle") == 8
+    assert 1 <= marks("setup") <= 2 and marks("teardown") == 0  # two worker threads
+    first = marks("setup")
+    run(ADAPTER, cluster.scheduler_address, build, "--dask_npartitions=8")
+    assert marks("bundle") == 16
+    assert marks("setup") <= first + 2
+    assert marks("teardown") >= 1  # a thread that ran both jobs let the first one's DoFn go
