@@ -1,9 +1,9 @@
 """`captioner`: the one command-line entry point.
 
 Subcommands: `run` (pipeline stages), `inspect` (metadata store), `serve`
-(TF-Serving-compatible server), `caption` (gRPC client), `config` (show a
-resolved config or the reference of every key), `tensorboard` (the training
-logs of a pipeline root), `demo` (the whole main job).
+(TF-Serving-compatible server), `caption` (gRPC client; bulk, as a Beam job, with
+`--model`), `config` (a resolved config, or every key's reference),
+`tensorboard` (the training logs of a pipeline root), `demo` (the whole main job).
 """
 from __future__ import annotations
 
@@ -173,11 +173,8 @@ def _print_blessing(blessing: dict) -> None:
 
 
 def _cmd_config(args) -> int:
-    if args.reference:
-        print(config_reference_markdown())
-        return 0
-    config = config_lib.load_config(args.config, args.overrides)
-    print(json.dumps(config_lib.to_dict(config), indent=2))
+    print(config_reference_markdown() if args.reference else json.dumps(
+        config_lib.to_dict(config_lib.load_config(args.config, args.overrides)), indent=2))
     return 0
 
 
@@ -224,9 +221,7 @@ def serve_argv(argv: list[str]) -> list[str]:
     if name is None and not overrides:
         return rest
     serve = config_lib.load_config(name or "demo", overrides).serve
-    prefix = []
-    for field, flag in SERVE_FLAGS.items():
-        prefix += [flag, str(getattr(serve, field))]
+    prefix = [x for field, flag in SERVE_FLAGS.items() for x in (flag, str(getattr(serve, field)))]
     return prefix + rest
 
 
@@ -400,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for `--help`; `_main` hands their command lines to `DELEGATED`.
     add("serve", help="TF-Serving-compatible gRPC/REST server", add_help=False)
-    add("caption", help="caption images through a gRPC server", add_help=False)
+    add("caption", help="caption images through a gRPC server, or with --model PATH (a "
+                        "SavedModel) as a Beam job without one", add_help=False)
     add("demo", help="the whole main job on the synthetic data", add_help=False)
     return parser
 
@@ -408,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that parse their own flags: name -> "module:function(argv)".
 DELEGATED = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
              "demo": "pipeline.demo:main"}
+BULK_CAPTION = "components.bulk_inferrer.cli:main"  # `caption --model PATH`: no server
 
 
 def main(argv=None) -> int:
@@ -424,8 +421,7 @@ def main(argv=None) -> int:
         # `captioner config | head`: the reader left; say nothing more, and
         # keep the flush at exit from failing again.
         try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except OSError:
             pass
         return 141  # 128 + SIGPIPE, as a shell reports a command a pipe ended
@@ -463,23 +459,27 @@ def _serving_protos_without_tensorflow() -> None:
             del sys.modules["tensorflow"]
 
 
+def _delegate(command: str, rest: list[str]) -> int:
+    """Runs a subcommand that parses its own flags; `caption --model` is bulk captioning."""
+    import importlib
+    bulk = command == "caption" and any(a.split("=", 1)[0] == "--model" for a in rest)
+    if command == "caption" and not bulk:
+        _serving_protos_without_tensorflow()
+    if command == "serve":
+        try:
+            rest = serve_argv(rest)
+        except config_lib.ConfigError as e:
+            print(f"captioner: config error: {e}", file=sys.stderr)
+            return 2
+    module, func = (BULK_CAPTION if bulk else DELEGATED[command]).split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
 def _main(argv: list[str], verbose: bool) -> int:
-    parser = build_parser()
     # serve / caption / demo own their flags: hand them the rest of the line.
     if argv and argv[0] in DELEGATED:
-        import importlib
-        module, func = DELEGATED[argv[0]].split(":")
-        rest = argv[1:]
-        if argv[0] == "caption":
-            _serving_protos_without_tensorflow()
-        if argv[0] == "serve":
-            try:
-                rest = serve_argv(rest)
-            except config_lib.ConfigError as e:
-                print(f"captioner: config error: {e}", file=sys.stderr)
-                return 2
-        return int(getattr(importlib.import_module(module), func)(rest) or 0)
-    args = parser.parse_args(argv)
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except config_lib.ConfigError as e:

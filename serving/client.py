@@ -243,23 +243,7 @@ class CaptionClient:
             raise CaptionError(grpc.StatusCode.INTERNAL,
                                f"response lacks outputs {sorted(missing)}; is this the "
                                f"captioner's signature?", "Predict", self.target)
-        results = []
-        for i in range(batch):
-            tokens = outputs["tokens"][i] if "tokens" in outputs else np.zeros(0, np.int32)
-            length = int(outputs["lengths"][i]) if "lengths" in outputs else len(tokens)
-            length = min(length, len(tokens)) if len(tokens) else length
-            caption = outputs["caption"][i]
-            attention = outputs.get("attention")
-            results.append({
-                "caption": caption.decode("utf-8", "replace") if isinstance(caption, bytes)
-                else str(caption),
-                "score": float(outputs["score"][i]),
-                "tokens": np.asarray(tokens[:length]),
-                "length": length,
-                "attention": None if attention is None else np.asarray(attention[i][:length]),
-                "version": version,
-            })
-        return results
+        return caption_results(outputs, batch, version)
 
     def metadata(self, raw: bool = False):
         """The served signatures (GetModelMetadata).
@@ -303,6 +287,46 @@ class CaptionClient:
                 for s in response.model_version_status]
 
 
+def caption_results(outputs: Mapping[str, np.ndarray], batch: int,
+                    version: Optional[int]) -> List[Dict[str, Any]]:
+    """One result per image from the captioner signature's batch-major outputs.
+
+    Shared by `CaptionClient.caption` and bulk captioning, so that both cut
+    and convert the outputs the same way.
+
+    Args:
+      outputs: `caption`, `score` and optionally `tokens`, `lengths`,
+        `attention`, each `[batch, ...]`.
+      batch: the number of images.
+      version: the model version that answered (None if unknown).
+    Returns:
+      The dicts `CaptionClient.caption` documents.
+    """
+    results = []
+    for i in range(batch):
+        tokens = outputs["tokens"][i] if "tokens" in outputs else np.zeros(0, np.int32)
+        length = int(outputs["lengths"][i]) if "lengths" in outputs else len(tokens)
+        length = min(length, len(tokens)) if len(tokens) else length
+        caption = outputs["caption"][i]
+        attention = outputs.get("attention")
+        results.append({
+            "caption": caption.decode("utf-8", "replace") if isinstance(caption, bytes)
+            else str(caption),
+            "score": float(outputs["score"][i]),
+            "tokens": np.asarray(tokens[:length]),
+            "length": length,
+            "attention": None if attention is None else np.asarray(attention[i][:length]),
+            "version": version,
+        })
+    return results
+
+
+def json_line(image: str, result: Mapping[str, Any]) -> Dict[str, Any]:
+    """The `--json` line of a captioned image (`captioner caption`, with or without a server)."""
+    return {"image": image, "caption": result["caption"], "score": result["score"],
+            "tokens": np.asarray(result["tokens"]).tolist(), "version": result["version"]}
+
+
 def _channel(target: str, root_certificates: Optional[Union[bytes, str]],
              options: ClientOptions) -> grpc.Channel:
     """A channel to `target`, with TLS when `root_certificates` is given."""
@@ -327,7 +351,10 @@ def _channel(target: str, root_certificates: Optional[Union[bytes, str]],
 def _parser() -> argparse.ArgumentParser:
     from serving.flags import DefaultsHelpFormatter
     p = argparse.ArgumentParser(prog="captioner caption", formatter_class=DefaultsHelpFormatter,
-                                description="Caption images with a served captioner.")
+                                description="Caption images with a served captioner. With "
+                                            "--model PATH (a SavedModel) instead of --server, "
+                                            "captions them in bulk as a Beam job, without a "
+                                            "server (`captioner caption --model PATH --help`).")
     p.add_argument("images", nargs="+", help="image files (JPEG, PNG, GIF, BMP)")
     p.add_argument("--server", default="localhost:8500", help="gRPC host:port")
     p.add_argument("--model-name", default="captioner")
@@ -402,9 +429,7 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
                                                    result["attention"],
                                                    os.path.join(args.attention_out, name))
                 if args.json:
-                    line = {"image": path, "caption": result["caption"],
-                            "score": result["score"], "tokens": result["tokens"].tolist(),
-                            "version": result["version"]}
+                    line = json_line(path, result)
                     if figure:
                         line["attention_figure"] = figure
                     print(json.dumps(line), flush=True)

@@ -318,21 +318,13 @@ class ModelManager:
         """Integer version folders that hold a saved_model.pb."""
         base = source.base_path
         try:
-            names = tf.io.gfile.listdir(base)
+            versions = version_folders(base)
         except tf.errors.OpError:
             if base not in self._missing_warned:
                 log.warning("model %s: base path %s not found", source.name, base)
                 self._missing_warned.add(base)
             return {}
         self._missing_warned.discard(base)
-        versions = {}
-        for entry in names:
-            entry = entry.rstrip("/")
-            if entry.startswith(".") or not _VERSION_DIR.match(entry):
-                continue
-            path = os.path.join(base, entry)
-            if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
-                versions[int(entry)] = path
         return versions
 
     def _set_state(self, name: str, version: int, status: VersionStatus) -> None:
@@ -408,6 +400,29 @@ class ModelManager:
                  servable.load_seconds)
         self._failed.pop((name, version), None)
         return servable
+
+
+def version_folders(base_path: str) -> Dict[int, str]:
+    """The version folders of a model base path, as TF Serving finds them.
+
+    Args:
+      base_path: the folder holding `<integer version>/saved_model.pb` (local
+        or any `tf.io.gfile` path).
+    Returns:
+      version -> folder, for every integer-named folder (hidden ones skipped)
+      that holds a `saved_model.pb`.
+    Raises:
+      tf.errors.OpError: the base path cannot be listed.
+    """
+    versions = {}
+    for entry in tf.io.gfile.listdir(base_path):
+        entry = entry.rstrip("/")
+        if entry.startswith(".") or not _VERSION_DIR.match(entry):
+            continue
+        path = os.path.join(base_path, entry)
+        if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+            versions[int(entry)] = path
+    return versions
 
 
 def _mtime(path: str) -> Optional[float]:

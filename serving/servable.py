@@ -85,7 +85,7 @@ class Servable:
         self._batchers: Dict[str, BatchScheduler] = {}
         self._lock = threading.Lock()
         self._closed = False
-        self.meta_graph = _read_meta_graph(path)
+        self.meta_graph = read_meta_graph(path)
         self.module = tf.saved_model.load(path, tags=list(self.meta_graph.meta_info_def.tags)
                                           or None)
         self.signatures: Dict[str, Signature] = {}
@@ -263,8 +263,18 @@ class Servable:
             return {name: dict(b.batch_sizes) for name, b in self._batchers.items()}
 
 
-def _read_meta_graph(path: str) -> meta_graph_pb2.MetaGraphDef:
-    """The 'serve' meta graph of a SavedModel (the first one if none is tagged so)."""
+def read_meta_graph(path: str) -> meta_graph_pb2.MetaGraphDef:
+    """The 'serve' meta graph of a SavedModel (the first one if none is tagged so).
+
+    Read from `saved_model.pb` alone: nothing is loaded or run.
+
+    Args:
+      path: the SavedModel folder (local or any `tf.io.gfile` path).
+    Returns:
+      The `MetaGraphDef` (its `signature_def` lists the signatures).
+    Raises:
+      ServingError: DATA_LOSS when the file holds no meta graph.
+    """
     pb = os.path.join(path, "saved_model.pb")
     with tf.io.gfile.GFile(pb, "rb") as f:
         saved_model = saved_model_pb2.SavedModel.FromString(f.read())

@@ -82,13 +82,35 @@ def test_shared_packages_import_no_stage(shared):
     assert not bad, "\n".join(sorted(bad))
 
 
+# Components the CLI runs outside the DAG (`captioner caption --model`): they
+# import no stage, and no stage imports them.
+TOOLS = ("components.bulk_inferrer",)
+
+
+def _in_package(module, package):
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tools_import_no_stage_and_no_stage_imports_them(tool):
+    stage_modules = [spec.module for spec in dag.STAGES]
+    modules = [module for module, _ in _modules("components") if _in_package(module, tool)]
+    bad = [f"{module} reaches {other}" for module in modules
+           for other in imports.import_closure(module)
+           if _owner(other, stage_modules) is not None]
+    bad += [f"{stage} reaches {other}" for stage in stage_modules
+            for other in imports.import_closure(stage) if _in_package(other, tool)]
+    assert modules, f"{tool} holds no module"
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_components_holds_only_stages_and_shared_packages():
     stage_modules = {spec.module for spec in dag.STAGES}
     loose = [module for module, _ in _modules("components")
              if module != "components" and _owner(module, stage_modules) is None
-             and not module.startswith(SHARED)]
-    assert not loose, "modules of components/ outside a stage and the shared packages: " + \
-        ", ".join(loose)
+             and not module.startswith(SHARED + TOOLS)]
+    assert not loose, "modules of components/ outside a stage, the shared packages and " \
+        "the tools: " + ", ".join(loose)
 
 
 PROJECT = ("benchmarks", "components", "models", "pipeline", "serving", "tests")

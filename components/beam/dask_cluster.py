@@ -19,7 +19,7 @@ from components.contract.errors import ActionableError
 # Seconds to reach a scheduler before giving up (Beam's --dask_connection_timeout overrides).
 CONNECT_TIMEOUT_S = 10
 # The modules a worker must import to run the project's DoFns.
-WORKER_MODULES = ("components.beam.dask_runner", "models.image_ops")
+WORKER_MODULES = ("components.beam.dask_bundles", "models.image_ops")
 
 
 class ClusterError(ActionableError):

@@ -11,8 +11,7 @@ the pipeline itself (`_Translator`) while keeping Beam's `GroupByKey` and
    (`BatchElements`, and so `RunInference`, lose their last batch of every
    bundle). Here outputs are collected after `finish_bundle`.
 2. Tagged outputs are not routed: every consumer of a multi-output ParDo gets
-   all of its outputs. Here a ParDo's bag holds `(tag, value)` pairs and each
-   consumer selects its own tag.
+   all of its outputs. Here each output reaches its own consumers.
 3. Only the last transform's bag is computed: a branch that does not lead to
    it (a second sink, `WriteToText`'s finalize step) never runs. Here every
    leaf of the graph is computed.
@@ -24,13 +23,18 @@ the pipeline itself (`_Translator`) while keeping Beam's `GroupByKey` and
    client is not the process-wide default: a worker that dies takes groups
    with it. Here it is always the task shuffle.
 
-And it adds what a production job needs: counters and distributions
-(`result.metrics()`: the stock result raises NotImplementedError), collected
-from the bundles that succeeded, so a task retried after a worker died counts
-once; a DoFn is set up once per worker thread, not once per bundle (RunInference
-keeps its model); `Create` and `Reshuffle` spread their elements over several
-partitions, so that the work is parallel; and before anything runs, one-line
-errors for an unreachable scheduler or workers without this package
+And it adds what a production job needs: fused stages (a ParDo runs in the
+task of the ParDo that feeds it, elements stream through them, and a task
+returns only what leaves its stage: the stock runner holds every
+intermediate PCollection of a partition as a list, all the images and
+grids of a partition at once in Preprocess; components/beam/dask_bundles.py
+runs them); counters and distributions (`result.metrics()`: the stock
+result raises NotImplementedError), collected from the tasks that
+succeeded, so a task retried after a worker died counts once; a DoFn set up
+once per worker thread and job, not once per bundle (RunInference keeps its
+model); `Create` and `Reshuffle` spread over several partitions, so that
+the work is parallel; and before anything runs, one-line errors for an
+unreachable scheduler or workers without this package
 (components/beam/dask_cluster.py).
 
 Only the global window is supported (batch jobs), as in the stock runner.
@@ -38,10 +42,8 @@ Upstream notes: docs/beam.md, "Dask".
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import collections
 import math
-import threading
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
@@ -51,183 +53,26 @@ from apache_beam import pvalue
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
 from apache_beam.runners.dask import dask_runner as stock
 from apache_beam.runners.dask import overrides as stock_overrides
-from apache_beam.runners.common import Receiver
 from apache_beam.runners.dask import transform_evaluator as stock_ops
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
-from components.beam import dask_cluster
+from components.beam import dask_bundles, dask_cluster
 
-# The tag of the one record per bundle that carries its metric updates.
-METRICS_TAG = "__captioner_metrics__"
 # Create/Reshuffle: partitions per worker thread (more than one, so a slow task
 # does not hold back the others), and the most elements a Create partition holds.
 PARTITIONS_PER_THREAD = 4
 CREATE_PARTITION_ELEMENTS = 1000
 
 
-# ----------------------------------------------------------------------------- on the workers
-
-@dataclasses.dataclass
-class ParDoSpec:
-    """What a worker needs to run one ParDo's bundles (pickled into each task)."""
-    uid: str
-    job: str
-    label: str
-    fn: beam.DoFn
-    args: tuple
-    kwargs: dict
-    window_fn: Any
-    side_views: tuple  # (view class, view options) per side input, in order
-
-
-class _Receivers(dict):
-    """tag -> receiver that appends `(tag, value)` to one list (None: the main output)."""
-
-    def __init__(self, outputs: list):
-        super().__init__()
-        self.outputs = outputs
-
-    def __missing__(self, tag):
-        receiver = self[tag] = _TagReceiver(tag, self.outputs)
-        return receiver
-
-
-class _TagReceiver(Receiver):
-    """Appends `(tag, value)` of each output to a list."""
-
-    def __init__(self, tag: Optional[str], outputs: list):
-        self.tag, self.outputs = tag, outputs
-
-    def receive(self, windowed_value) -> None:
-        self.outputs.append((self.tag, windowed_value.value))
-
-
-# The set-up DoFns of one job, per worker thread (DoFns need not be thread-safe):
-# `job` (the job's id) and `fns` (ParDo uid -> DoFn).
-_DOFNS = threading.local()
-
-
-def _dofn(spec: ParDoSpec) -> beam.DoFn:
-    """This thread's instance of the spec's DoFn, set up once per job.
-
-    A worker outlives jobs: the DoFns of an earlier job (and the models they
-    hold) are torn down when a task of another job arrives.
-    """
-    from apache_beam.runners.common import DoFnSignature
-    if getattr(_DOFNS, "job", None) != spec.job:
-        for old in getattr(_DOFNS, "fns", {}).values():
-            try:
-                DoFnSignature(old).teardown_lifecycle_method.method_value()
-            except Exception:  # noqa: BLE001 - teardown is best effort, as in Beam
-                pass
-        _DOFNS.job, _DOFNS.fns = spec.job, {}
-    fn = _DOFNS.fns.get(spec.uid)
-    if fn is None:
-        fn = spec.fn
-        DoFnSignature(fn).setup_lifecycle_method.method_value()
-        _DOFNS.fns[spec.uid] = fn
-    return fn
-
-
-def _global(value):
-    """A side-input value in the global window."""
-    from apache_beam.transforms.window import GlobalWindow
-    from apache_beam.utils.windowed_value import WindowedValue
-    return WindowedValue(value, 0, (GlobalWindow(),))
-
-
-def run_bundle(elements, spec: ParDoSpec, *side_values) -> list:
-    """Runs one bundle (a dask partition) through a DoFn.
-
-    Args:
-      elements: the partition's elements.
-      spec: the ParDo.
-      side_values: each side input's values, in the order of `spec.side_views`.
-    Returns:
-      `(tag, value)` pairs (tag None: the main output), outputs of
-      `finish_bundle` included, then `(METRICS_TAG, MetricUpdates)`.
-    """
-    from apache_beam.metrics.execution import MetricsContainer
-    from apache_beam.runners.common import (DoFnContext, DoFnInvoker, DoFnSignature,
-                                            _OutputHandler)
-    from apache_beam.runners.worker import statesampler
-    from apache_beam.transforms.sideinputs import SideInputMap
-    from apache_beam.utils import counters
-
-    fn = _dofn(spec)
-    outputs: list = []
-    receivers = _Receivers(outputs)
-    handler = _OutputHandler(
-        window_fn=spec.window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
-        per_element_output_counter=None, output_batch_converter=None,
-        process_yields_batches=False, process_batch_yields_elements=False)
-    side_inputs = [SideInputMap(view, options, [_global(v) for v in values])
-                   for (view, options), values in zip(spec.side_views, side_values)]
-    invoker = DoFnInvoker.create_invoker(
-        DoFnSignature(fn), handler, context=DoFnContext(spec.label, state=None),
-        side_inputs=side_inputs, input_args=list(spec.args), input_kwargs=spec.kwargs,
-        user_state_context=None, bundle_finalizer_param=beam.DoFn.BundleFinalizerParam())
-    container = MetricsContainer(spec.label)
-    # A sampler per bundle: a sampler keeps the first container of each step name.
-    sampler = statesampler.StateSampler("", counters.CounterFactory())
-    previous = statesampler.get_current_tracker()
-    statesampler.set_current_tracker(sampler)
-    try:
-        _process_bundle(invoker, sampler, spec, container, elements)
-    finally:
-        statesampler.set_current_tracker(previous)
-    outputs.append((METRICS_TAG, container.get_cumulative()))
-    return outputs
-
-
-def _process_bundle(invoker, sampler, spec: ParDoSpec, container, elements) -> None:
-    """start_bundle, process each element, finish_bundle, with `container` current."""
-    with sampler.scoped_state(spec.label, "process", metrics_container=container):
-        invoker.invoke_start_bundle()
-        for element in elements:
-            invoker.invoke_process(stock_ops.get_windowed_value(element, spec.window_fn))
-        invoker.invoke_finish_bundle()
-
-
-def select(pairs, tag) -> list:
-    """The values of one tag from a ParDo's `(tag, value)` pairs."""
-    return [value for t, value in pairs if t == tag]
-
-
-def concat(lists) -> list:
-    """One list from a side input's partitions."""
-    return list(itertools.chain.from_iterable(lists))
-
-
-def count(elements) -> int:
-    """How many elements a leaf partition holds (what the driver fetches of a leaf)."""
-    return sum(1 for _ in elements)
-
-
-def group_key(item):
-    """The key of a `(key, windowed value)` element before GroupByKey."""
-    return item[0]
-
-
-def group_values(group) -> tuple:
-    """`(key, [(key, windowed value), ...])` -> `(key, [value, ...])`."""
-    key, items = group
-    return key, [stock_ops.defenestrate(item[1]) for item in items]
-
-
-def read_bundle(bundles) -> list:
-    """Reads `beam.io.Read` source bundles (one partition: some of a source's splits)."""
-    out = []
-    for bundle in bundles:
-        tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
-        out.extend(bundle.source.read(tracker))
-    return out
-
-
 # ----------------------------------------------------------------------------- on the driver
 
 class _Translator(PipelineVisitor):
-    """Builds the dask graph of a pipeline: one bag per leaf transform.
+    """Builds the dask graph of a pipeline: fused ParDo stages between Beam's primitives.
+
+    A ParDo joins the stage of the ParDo that produces its main input (the
+    stage streams elements through both in one task), unless one of its side
+    inputs is computed downstream of that stage. GroupByKey, Flatten,
+    Reshuffle, Create and Read are dask bag operations between stages.
 
     Args:
       bag_kwargs: `--dask_npartitions` / `--dask_partition_size`.
@@ -237,48 +82,74 @@ class _Translator(PipelineVisitor):
     def __init__(self, bag_kwargs: dict, threads: int):
         self.bag_kwargs = dict(bag_kwargs)
         self.partitions = max(1, PARTITIONS_PER_THREAD * int(threads))
-        self.bags: dict[AppliedPTransform, Any] = {}
-        self.tagged: set = set()       # producers whose bags hold (tag, value) pairs
-        self.consumed: set = set()
-        self.pardos: list = []
         self.job = uuid.uuid4().hex
-
-    # -- inputs
-
-    def _input(self, pcoll) -> Any:
-        producer = pcoll.producer
-        self.consumed.add(producer)
-        bag = self.bags[producer]
-        if producer in self.tagged:
-            return self._map(f"select-{pcoll.tag}", select, bag, pcoll.tag)
-        return bag
-
-    @staticmethod
-    def _map(prefix: str, func: Callable, bag, *args, sides: Sequence = ()) -> Any:
-        """`func(partition, *args, *side values)` per partition, as a graph layer of its own.
-
-        Not `Bag.map_partitions`: dask embeds an `Item` argument into each
-        consumer under a name of its own (a side input computed once per
-        consumer), and fuses a partition's producer into each of its
-        consumers (a ParDo run again for each of its tags).
-        """
-        import dask.bag as db
-        from dask.highlevelgraph import HighLevelGraph
-        name = f"{prefix}-{uuid.uuid4().hex}"
-        tasks: dict = {}
-        side_keys = []
-        for i, side in enumerate(sides):
-            key = f"{name}-side{i}"
-            tasks[key] = (concat, [(side.name, j) for j in range(side.npartitions)])
-            side_keys.append(key)
-        for i in range(bag.npartitions):
-            tasks[(name, i)] = (func, (bag.name, i), *args, *side_keys)
-        graph = HighLevelGraph.from_collections(name, tasks, dependencies=[bag, *sides])
-        return db.Bag(graph, name, bag.npartitions)
-
-    # -- translations
+        self.nodes: list[AppliedPTransform] = []
+        self.stage_of: dict = {}      # ParDo node -> its stage (a list of nodes, the root first)
+        self.stages: list = []
+        self.bags: dict = {}          # non-ParDo node or id(stage) -> bag
+        self.readers: dict = collections.defaultdict(list)  # PCollection -> consuming nodes
+        self.read_pcolls: set = set()
 
     def visit_transform(self, node: AppliedPTransform) -> None:
+        # Beam visits in the order transforms were applied: producers first.
+        self.nodes.append(node)
+
+    # -- fusion
+
+    def _plan(self) -> None:
+        for node in self.nodes:
+            for p in [*node.inputs, *(si.pvalue for si in node.side_inputs)]:
+                if not isinstance(p, pvalue.PBegin):
+                    self.readers[p].append(node)
+        below = self._downstream()
+        for node in self.nodes:
+            if not self._is_pardo(node):
+                continue
+            main = next(iter(node.main_inputs.values()))
+            stage = self.stage_of.get(main.producer)
+            sides = {si.pvalue.producer for si in node.side_inputs}
+            if stage is not None and not any(side in below[member] or side is member
+                                             for member in stage for side in sides):
+                stage.append(node)
+            else:
+                stage = [node]
+                self.stages.append(stage)
+            self.stage_of[node] = stage
+
+    def _downstream(self) -> dict:
+        """node -> every node that reads its outputs, directly or through others."""
+        below: dict = {}
+        for node in reversed(self.nodes):
+            reached: set = set()
+            for p in node.outputs.values():
+                for reader in self.readers.get(p, ()):
+                    reached.add(reader)
+                    reached |= below.get(reader, set())
+            below[node] = reached
+        return below
+
+    def _is_pardo(self, node: AppliedPTransform) -> bool:
+        transform = node.transform
+        if isinstance(transform, stock_overrides._GroupAlsoByWindow):
+            return False  # GroupByKey already gave (key, values) in the global window
+        if isinstance(transform, beam.WindowInto):
+            self._check_global(node, transform)
+        return isinstance(transform, beam.ParDo)
+
+    # -- bags
+
+    def _input(self, pcoll) -> Any:
+        """The bag of a PCollection (built on first use)."""
+        self.read_pcolls.add(pcoll)
+        producer = pcoll.producer
+        stage = self.stage_of.get(producer)
+        if stage is None:
+            return self._node_bag(producer)
+        return _map("select", dask_bundles.select, self._stage_bag(stage), _exit_key(pcoll))
+
+    def _node_bag(self, node: AppliedPTransform) -> Any:
+        if node in self.bags:
+            return self.bags[node]
         transform = node.transform
         inputs = [self._input(p) for p in node.inputs if not isinstance(p, pvalue.PBegin)]
         if isinstance(transform, stock_overrides._Create):
@@ -290,21 +161,47 @@ class _Translator(PipelineVisitor):
         elif isinstance(transform, stock_overrides._GroupByKeyOnly):
             # The task shuffle, named: without a default client, dask picks its disk
             # shuffle, whose files live on one worker's disk (lost with the worker).
-            bag = inputs[0].groupby(group_key, shuffle="tasks").map(group_values)
+            bag = inputs[0].groupby(dask_bundles.group_key, shuffle="tasks").map(
+                dask_bundles.group_values)
         elif isinstance(transform, stock_overrides._Flatten):
             bag = stock_ops.Flatten(node).apply(inputs)
-        elif isinstance(transform, (stock_overrides._GroupAlsoByWindow, beam.WindowInto)):
-            self._check_global(node, transform)
-            bag = inputs[0]  # GroupByKey already gave (key, values) in the global window
-        elif isinstance(transform, beam.ParDo):
-            bag = self._pardo(node, inputs[0])
-        elif type(transform).__name__ == "Impulse":
-            bag = self._create([b""])
+        elif isinstance(transform, stock_overrides._GroupAlsoByWindow):
+            bag = inputs[0]
         else:
             raise NotImplementedError(
                 f"the Dask runner cannot run {node.full_label} ({type(transform).__name__}): "
                 f"use the direct runner for this pipeline")
         self.bags[node] = bag
+        return bag
+
+    def _stage_bag(self, stage: list) -> Any:
+        if id(stage) in self.bags:
+            return self.bags[id(stage)]
+        index = {node: i for i, node in enumerate(stage)}
+        side_bags: list = []
+        steps = []
+        for node in stage:
+            transform = node.transform
+            args, kwargs = transform.raw_side_inputs
+            main = next(iter(node.main_inputs.values()))
+            sides = []
+            for si in node.side_inputs:
+                sides.append((len(side_bags), type(si), si._view_options()))
+                side_bags.append(self._input(si.pvalue))
+            exits = {p.tag: _exit_key(p) for p in node.outputs.values()
+                     if any(reader not in index or p not in reader.main_inputs.values()
+                            for reader in self.readers.get(p, ()))}
+            steps.append(dask_bundles.StepSpec(
+                uid=f"{node.full_label}-{uuid.uuid4().hex}", label=node.full_label,
+                fn=transform.fn, args=tuple(args), kwargs=dict(kwargs),
+                window_fn=main.windowing.windowfn if hasattr(main, "windowing") else None,
+                sides=tuple(sides), source=index.get(main.producer, -1),
+                source_tag=main.tag, exits=exits))
+        root_input = self._input(next(iter(stage[0].main_inputs.values())))
+        bag = _map("stage", dask_bundles.run_stage, root_input,
+                   dask_bundles.StageSpec(job=self.job, steps=tuple(steps)), sides=side_bags)
+        self.bags[id(stage)] = bag
+        return bag
 
     def _create(self, values: list) -> Any:
         import dask.bag as db
@@ -320,8 +217,8 @@ class _Translator(PipelineVisitor):
     def _read(self, source) -> Any:
         import dask.bag as db
         bundles = list(source.split(desired_bundle_size=64 << 20)) or []
-        return self._map("read", read_bundle, self._create(bundles)) if bundles else \
-            db.from_sequence([], npartitions=1)
+        return (_map("read", dask_bundles.read_bundle, self._create(bundles)) if bundles
+                else db.from_sequence([], npartitions=1))
 
     @staticmethod
     def _check_global(node: AppliedPTransform, transform) -> None:
@@ -332,30 +229,47 @@ class _Translator(PipelineVisitor):
             raise NotImplementedError(f"the Dask runner runs the global window only, "
                                       f"not {type(fn).__name__} ({node.full_label})")
 
-    def _pardo(self, node: AppliedPTransform, bag) -> Any:
-        transform = node.transform
-        args, kwargs = transform.raw_side_inputs
-        main = next(iter(node.main_inputs.values()))
-        spec = ParDoSpec(
-            uid=f"{node.full_label}-{uuid.uuid4().hex}", job=self.job, label=node.full_label,
-            fn=transform.fn, args=tuple(args), kwargs=dict(kwargs),
-            window_fn=main.windowing.windowfn if hasattr(main, "windowing") else None,
-            side_views=tuple((type(si), si._view_options()) for si in node.side_inputs))
-        sides = [self._input(si.pvalue) for si in node.side_inputs]
-        out = self._map("pardo", run_bundle, bag, spec, sides=sides)
-        self.tagged.add(node)
-        self.pardos.append(node)
-        return out
-
     # -- what to compute
 
     def outputs(self) -> tuple[list, list]:
-        """`(metric bags, leaf bags)`: what the driver computes."""
-        metrics = [self._map("metrics", select, self.bags[node], METRICS_TAG)
-                   for node in self.pardos]
-        leaves = [self._map("leaf", count, bag) for node, bag in self.bags.items()
-                  if node not in self.consumed and bag is not None]
+        """`(metric bags, leaf bags)`: what the driver computes (every stage runs)."""
+        self._plan()
+        stage_bags = [self._stage_bag(stage) for stage in self.stages]
+        other = [self._node_bag(node) for node in self.nodes
+                 if node not in self.stage_of
+                 and not any(p in self.read_pcolls for p in node.outputs.values())]
+        metrics = [_map("metrics", dask_bundles.select, bag, dask_bundles.METRICS_TAG)
+                   for bag in stage_bags]
+        leaves = [_map("leaf", dask_bundles.count, bag) for bag in stage_bags + other]
         return metrics, leaves
+
+
+def _exit_key(pcoll) -> str:
+    """The key under which a stage's task returns one of its PCollections."""
+    return f"{pcoll.producer.full_label}:{pcoll.tag}"
+
+
+def _map(prefix: str, func: Callable, bag, *args, sides: Sequence = ()) -> Any:
+    """`func(partition, *args, *side values)` per partition, as a graph layer of its own.
+
+    Not `Bag.map_partitions`: dask embeds an `Item` argument into each
+    consumer under a name of its own (a side input computed once per
+    consumer), and fuses a partition's producer into each of its consumers
+    (a stage run again for each PCollection read from it).
+    """
+    import dask.bag as db
+    from dask.highlevelgraph import HighLevelGraph
+    name = f"{prefix}-{uuid.uuid4().hex}"
+    tasks: dict = {}
+    side_keys = []
+    for i, side in enumerate(sides):
+        key = f"{name}-side{i}"
+        tasks[key] = (dask_bundles.concat, [(side.name, j) for j in range(side.npartitions)])
+        side_keys.append(key)
+    for i in range(bag.npartitions):
+        tasks[(name, i)] = (func, (bag.name, i), *args, *side_keys)
+    graph = HighLevelGraph.from_collections(name, tasks, dependencies=[bag, *sides])
+    return db.Bag(graph, name, bag.npartitions)
 
 
 class DaskPipelineResult(PipelineResult):
@@ -389,8 +303,9 @@ class DaskPipelineResult(PipelineResult):
             for future, value in distributed.as_completed(self._futures, loop=self.client.loop,
                                                           timeout=timeout, with_results=True):
                 if future in self._metric_futures:
-                    for updates in value:
-                        self._metrics.commit_logical(None, updates)
+                    for per_step in value:
+                        for updates in per_step:
+                            self._metrics.commit_logical(None, updates)
                 self.partitions_done += 1
             self._state = PipelineState.DONE
         except TimeoutError:

@@ -145,8 +145,8 @@ def test_preprocess_on_a_dask_cli_cluster_writes_what_the_direct_runner_writes(
     r = run_on(cluster.address, root)
     assert r.returncode == 0, r.stderr[-3000:]
     assert assert_same_as_direct(root, direct) == 80
-    # The scheduler ran the work: the adapter's bundle tasks went through it.
-    assert "pardo" in cluster.task_prefixes()
+    # The scheduler ran the work: the adapter's fused stages went through it.
+    assert "stage" in cluster.task_prefixes()
     with open(os.path.join(preprocess_folder(root), "annotations", "artifact.json")) as f:
         props = json.load(f)["properties"]
     assert props["runner"].endswith("dask_runner.DaskRunner")
@@ -180,7 +180,7 @@ def test_a_worker_killed_mid_run_changes_nothing(tiny_root, tmp_path):
             while not stop.is_set():
                 busy = cli.client.processing()
                 for worker, keys in busy.items():
-                    if any("pardo" in str(k) for k in keys) and worker in pids:
+                    if any("stage" in str(k) for k in keys) and worker in pids:
                         os.kill(pids[worker], signal.SIGKILL)
                         killed[worker] = pids[worker]
                         return
