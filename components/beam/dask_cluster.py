@@ -40,10 +40,33 @@ def start_local_cluster(workers: int):
     except ImportError as e:  # pragma: no cover - install_requires has it
         raise ClusterError("runner dask needs dask.distributed: pip install "
                            "'dask[distributed]'") from e
-    # A local run needs no dashboard; the default port may be taken.
+    quiet = _quiet_logs()
+    # A local run needs no dashboard; the default port may be taken. The
+    # workers import this module first (`dask_setup`): quiet like the driver.
     return distributed.LocalCluster(n_workers=max(1, int(workers)), threads_per_worker=1,
                                     processes=True, dashboard_address=None,
-                                    silence_logs=logging.ERROR)
+                                    silence_logs=logging.ERROR if quiet else logging.INFO,
+                                    preload=[__name__])
+
+
+def dask_setup(worker=None) -> None:
+    """Dask's preload hook: a worker of a quiet `captioner` is quiet too.
+
+    Workers started by hand can use it as well:
+    `dask worker ADDRESS --preload components.beam.dask_cluster`.
+    """
+    from components.contract import quiet
+    quiet.install_if_asked()
+    _quiet_logs()
+
+
+def _quiet_logs() -> bool:
+    """Dask's own INFO lines off, where `captioner` runs quiet; whether it does."""
+    if os.environ.get("CAPTIONER_QUIET") != "1":
+        return False
+    for name in ("distributed", "dask"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return True
 
 
 def connect(address: str | None = None, *, scheduler_file: str | None = None,
@@ -61,6 +84,7 @@ def connect(address: str | None = None, *, scheduler_file: str | None = None,
       ClusterError: the scheduler could not be reached in time (one line).
     """
     import distributed
+    _quiet_logs()
     timeout = CONNECT_TIMEOUT_S if timeout in (None, "") or not isinstance(
         timeout, (int, float)) else timeout
     where = address or f"the scheduler file {scheduler_file}"
