@@ -76,11 +76,8 @@ def _cmd_run(args) -> int:
     from pipeline.runner import Runner
     runner = Runner(config, args.root, use_cache=not args.no_cache, beam_args=args.beam_arg,
                     verify=args.verify)
-    try:
-        config_lib.write_root_config(args.root, label, overrides, config)
-    except OSError:
-        pass  # an unwritable root: the runner says so, with what to do
-    summary = runner.run(stages)
+    summary = runner.run(stages, on_start=lambda: config_lib.write_root_config(
+        args.root, label, overrides, config))
     print(f"run summary: {os.path.join(os.path.abspath(args.root), 'run_summary.json')}")
     for name, st in summary["stages"].items():
         print(f"  {name:15s} {st['status']:7s} execution {st['execution_id']}  "

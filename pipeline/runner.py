@@ -21,6 +21,7 @@ from pipeline import config as config_lib
 from pipeline import dag
 from pipeline import input_fingerprints
 from pipeline import integrity
+from pipeline import root_lock
 from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
 from pipeline.resolver import resolve_latest, summarize
@@ -198,11 +199,13 @@ class Runner:
         self.beam_args = tuple(beam_args)
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
 
-    def run(self, stages: Sequence[str] | None = None) -> dict:
+    def run(self, stages: Sequence[str] | None = None, on_start=None) -> dict:
         """Runs `stages` (default: all) in DAG order and writes `run_summary.json`.
 
         Stages that are not selected but feed a selected stage are resolved
         from the cache (their outputs for the current config must exist).
+        One run at a time per root: another run's lock on it refuses this one
+        (pipeline/root_lock.py); `on_start()` is called once the lock is held.
 
         Returns:
           The run summary dict.
@@ -214,6 +217,16 @@ class Runner:
         # Paths the config names, before anything is recorded (a config error, not a failure).
         config_lib.check_paths(self.config, selected)
         _check_writable(self.root)
+        try:
+            with root_lock.hold(self.root):
+                if on_start is not None:
+                    on_start()
+                return self._run(selected)
+        except root_lock.RootBusyError as e:
+            raise StageError(str(e)) from None
+
+    def _run(self, selected: list[str]) -> dict:
+        """`run` with the root's lock held."""
         store = MetadataStore(os.path.join(self.root, "metadata.sqlite"), log=self.log)
         current = None  # the stage being resolved or run
         try:
