@@ -192,6 +192,7 @@ class Predictor:
         """
         check_counts({alias: (array.shape, array.dtype == object)
                       for alias, array in inputs.items()}, self.max_images)
+        check_finite(inputs)
         cost = servable.check_inputs(signature, inputs)
         if self.max_request_pixels and cost.pixels > self.max_request_pixels:
             raise invalid_argument(
@@ -293,6 +294,23 @@ def check_counts(shapes: Dict[str, tuple], max_images: int) -> None:
         raise invalid_argument(
             f"{strings} images (string elements) in one request, more than the limit of "
             f"{max_images} (--max-images-per-request); send them in several requests")
+
+
+def check_finite(inputs: Arrays) -> None:
+    """INVALID_ARGUMENT for NaN or infinite values in a floating-point input.
+
+    A value beyond the input's dtype (1e40 for a float32 input) arrives as
+    infinity, so it is refused too. The model would otherwise answer with
+    NaN scores, which JSON cannot carry.
+    """
+    for alias, array in sorted(inputs.items()):
+        if array.dtype.kind in "fc" and array.size and not np.isfinite(array).all():
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            first = tuple(int(i) for i in np.argwhere(~np.isfinite(array))[0])
+            raise invalid_argument(
+                f"input '{alias}' holds {bad} non-finite value(s) (NaN, infinity, or beyond "
+                f"the range of {array.dtype.name}), the first at index {list(first)}: "
+                f"send finite numbers")
 
 
 def output_aliases(signature: Signature, output_filter: Iterable[str]) -> List[str]:

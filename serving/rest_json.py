@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import tensorflow as tf
 
-from serving.errors import ServingError, invalid_argument
+from serving.errors import ServingError, internal, invalid_argument
 from serving.predictor import check_counts
 
 MAX_JSON_RANK = 64  # numpy's limit on dimensions; deeper JSON lists are the client's fault
@@ -297,22 +297,26 @@ def encode_outputs(outputs: Dict[str, np.ndarray], row_format: bool) -> bytes:
     """A predict answer as JSON bytes: `row_response` or `column_response`, encoded.
 
     Numeric arrays are written by orjson straight from their buffers (float32
-    in its shortest round-trip form, as TF Serving writes it); outputs with
-    NaN or infinities, which orjson would write as null, and dtypes orjson
-    does not know go through `json` as `NaN` / `Infinity`, as TF Serving
-    writes them.
+    in its shortest round-trip form, as TF Serving writes it). Outputs with
+    NaN or infinities are refused (INTERNAL, naming them): TF Serving writes
+    them as `NaN` / `Infinity`, which is not JSON (RFC 8259), and browsers'
+    `JSON.parse` fails on it; requests cannot cause them (non-finite inputs
+    are refused), so they mean a broken model.
     """
     respond = row_response if row_format else column_response
-    finite = all(np.isfinite(a).all() for a in outputs.values() if a.dtype.kind in "fc")
-    if finite:
-        try:
-            return orjson.dumps(respond(outputs, keep_numbers=True),
-                                option=orjson.OPT_SERIALIZE_NUMPY)
-        except TypeError:  # orjson.JSONEncodeError: a dtype it does not write
-            pass
-    return encode(respond(outputs))
+    broken = sorted(name for name, a in outputs.items()
+                    if a.dtype.kind in "fc" and not np.isfinite(a).all())
+    if broken:
+        raise internal(f"the model returned NaN or infinite values in output(s) "
+                       f"{', '.join(broken)}, which JSON cannot carry; the model may be broken "
+                       f"(its gRPC answer carries them as they are)")
+    try:
+        return orjson.dumps(respond(outputs, keep_numbers=True),
+                            option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:  # orjson.JSONEncodeError: a dtype it does not write
+        return encode(respond(outputs))
 
 
 def encode(payload: Dict[str, Any]) -> bytes:
     """A JSON document as UTF-8 bytes."""
-    return json.dumps(payload, indent=None).encode("utf-8")
+    return json.dumps(payload, indent=None, allow_nan=False).encode("utf-8")

@@ -357,3 +357,66 @@ def test_rest_and_grpc_agree(server, client):
     assert prediction["score"] == pytest.approx(grpc_result["score"])
     np.testing.assert_allclose(np.asarray(prediction["attention"])[:5], grpc_result["attention"],
                                rtol=1e-6)
+
+
+def _raw_rest(server, path: str, body: bytes):
+    """(status, raw body bytes) of a REST POST: the bytes as sent, not parsed."""
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(server.rest_url + path, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e40"])
+def test_non_finite_annotations_are_refused_over_rest(server, value):
+    row = ", ".join(["[1.0, 2.0, 3.0]"] * 8 + [f"[1.0, {value}, 3.0]"])
+    body = ('{"signature_name": "caption_annotations", "inputs": [[' + row + ']]}').encode()
+    status, raw = _raw_rest(server, "/v1/models/captioner:predict", body)
+    assert status == 400, raw
+    import json
+
+    def no_constants(token):  # NaN / Infinity / -Infinity tokens: not JSON (RFC 8259)
+        raise AssertionError(f"the body carries the token {token}")
+
+    message = json.loads(raw, parse_constant=no_constants)["error"]
+    assert "annotations" in message and ("non-finite" in message or "JSON" in message)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_annotations_are_refused_over_grpc(client, value):
+    annotations = np.ones((1, 9, 3), np.float32)
+    annotations[0, 8, 1] = value
+    with pytest.raises(CaptionError) as info:
+        client.caption_annotations(annotations)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'annotations'" in info.value.details and "non-finite" in info.value.details
+
+
+def test_a_value_beyond_float32_over_grpc_double_val_is_refused(stub):
+    request = predict_request(signature="caption_annotations")
+    if "image_bytes" in request.inputs:
+        del request.inputs["image_bytes"]
+    proto = request.inputs["annotations"]
+    proto.dtype = 1  # DT_FLOAT, filled from float_val: 1e40 is inf in float32
+    for n in (1, 9, 3):
+        proto.tensor_shape.dim.add().size = n
+    proto.float_val.extend([1.0] * 26 + [1e40])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Predict(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "non-finite" in info.value.details()
+
+
+def test_non_finite_outputs_never_reach_a_json_body():
+    from serving import rest_json
+    from serving.errors import ServingError
+    outputs = {"caption": np.array([b"a"], dtype=object), "score": np.array([np.nan], np.float32)}
+    with pytest.raises(ServingError, match="score") as info:
+        rest_json.encode_outputs(outputs, row_format=True)
+    assert info.value.code == grpc.StatusCode.INTERNAL
+    with pytest.raises(ValueError):
+        rest_json.encode({"x": float("inf")})
