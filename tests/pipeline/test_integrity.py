@@ -181,7 +181,9 @@ def test_a_damaged_artifact_json_reruns_its_producer(finished):
     root, summary = finished
     path = os.path.join(summary["stages"]["R"]["outputs"]["out"], ARTIFACT_FILE)
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) // 2)
+        # Cut after the opening brace: the same JSON error whatever the file's length
+        # (half of it lands inside a string or not, as the config grows).
+        f.truncate(1)
     log = []
     assert _statuses(_run(root, log=log)) == {"W": "cached", "R": "ran", "T": "cached"}
     [line] = [x for x in log if "not reusing" in x]
