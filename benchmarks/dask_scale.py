@@ -113,7 +113,7 @@ def write_images(examples: str, out: str) -> int:
     from components.contract import schema
     os.makedirs(out, exist_ok=True)
     n = 0
-    for path in glob.glob(os.path.join(examples, "*", "*.tfrecord")):
+    for path in sorted(glob.glob(os.path.join(examples, "**", "*.tfrecord"), recursive=True)):
         for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():
             feature = tf.train.Example.FromString(raw).features.feature
             image_id, data = schema.example_image(feature)
@@ -136,27 +136,9 @@ def summarize(rows: dict, images: int) -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--no-bulk", dest="bulk", action="store_false",
-                        help="leave out bulk captioning")
-    parser.add_argument("--workdir", default="")
-    parser.add_argument("--interval", type=float, default=0.2)
-    args = parser.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    workdir = args.workdir or tempfile.mkdtemp(prefix="captioner-dask-", dir="/tmp")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    print(f"CPU: {cpu_model()} x {os.cpu_count()}; python {platform.python_version()}; "
-          f"{args.images} images; modes {modes}; workdir {workdir}", flush=True)
-
-    base = os.path.join(workdir, "base")
-    sets = [f"data.num_images={args.images}", "data.num_shards=8", *PAPER_GRID,
-            "encoder.train=false", "train.epochs=1", "train.checkpoint_every=500"]
-    setflags = [x for s in sets for x in ("--set", s)]
+def measure_preprocess(args, modes: list, workdir: str, base: str, setflags: list,
+                       env: dict) -> dict:
+    """Preprocess in every mode, alternating, `--repeats` times; keeps the last root."""
     subprocess.run(captioner("run", "--config", "tiny", "--root", base, "--stages",
                              "ExampleGen,EncoderTrainer", *setflags), cwd=ROOT, env=env,
                    check=True, stdout=subprocess.DEVNULL)
@@ -178,8 +160,43 @@ def main(argv=None) -> int:
                   f"records {run['records']}", flush=True)
             if repeat < args.repeats - 1 or mode != modes[-1]:
                 shutil.rmtree(root, ignore_errors=True)
-    summary = {"images": args.images, "grid": [14, 14, 512], "cpu": cpu_model(),
-               "preprocess": summarize(pre, args.images)}
+    return {"images": args.images, "grid": [14, 14, 512], "cpu": cpu_model(),
+            "preprocess": summarize(pre, args.images)}
+
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--no-bulk", dest="bulk", action="store_false",
+                        help="leave out bulk captioning")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the Preprocess figures and roots of an earlier run in "
+                             "--workdir (its preprocess.json) and measure bulk captioning only")
+    parser.add_argument("--interval", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    workdir = args.workdir or tempfile.mkdtemp(prefix="captioner-dask-", dir="/tmp")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    print(f"CPU: {cpu_model()} x {os.cpu_count()}; python {platform.python_version()}; "
+          f"{args.images} images; modes {modes}; workdir {workdir}", flush=True)
+
+    base = os.path.join(workdir, "base")
+    sets = [f"data.num_images={args.images}", "data.num_shards=8", *PAPER_GRID,
+            "encoder.train=false", "train.epochs=1", "train.checkpoint_every=500"]
+    setflags = [x for s in sets for x in ("--set", s)]
+    saved = os.path.join(workdir, "preprocess.json")
+    if args.resume and os.path.exists(saved):
+        with open(saved) as f:
+            summary = json.load(f)
+    else:
+        summary = measure_preprocess(args, modes, workdir, base, setflags, env)
+        with open(saved, "w") as f:
+            json.dump(summary, f)
 
     if args.bulk:
         model_root = os.path.join(workdir, f"{modes[-1]}-{args.repeats - 1}")
