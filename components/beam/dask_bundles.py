@@ -141,7 +141,7 @@ def run_stage(elements, spec: StageSpec, *side_values) -> list:
     sampler = statesampler.StateSampler("", counters.CounterFactory())
     states = [{kind: sampler.scoped_state(step.label, kind, metrics_container=c)
                for kind in ("start", "process", "finish")}
-              for step, c in zip(steps, containers)]
+              for step, c in zip(steps, containers, strict=True)]
     consumers: dict = {}
     for j, step in enumerate(steps):
         if step.source >= 0:

@@ -1,0 +1,282 @@
+"""Open-loop overload: the server at 0.5x, 1x, 2x and 4x its capacity, versions pushed meanwhile.
+
+    python benchmarks/serving_load.py                    # 2 + 10 + 2 + 10 min, about 25 min
+    python benchmarks/serving_load.py --scale 0.05       # every level 20x shorter: a check
+
+The server (`python -m serving.server`, a separate process, dynamic
+batching on) serves the test fixture model with a decoder-sized workload
+(as benchmarks/serving.py). Its capacity is measured first, closed-loop
+(gRPC, `--capacity-concurrency` clients, `--capacity-seconds`). Then each
+level offers requests on a clock, open-loop: request k is sent at k/rate
+seconds whether or not earlier ones were answered (Poisson arrivals, fixed
+seed), half over gRPC (`Predict`, one image, deadline `--deadline` s), half
+over REST (`:predict`, one keep-alive connection per sending thread,
+timeout `--deadline` s). Every `--push-every` seconds a new version is
+published into the base path (copy, then rename, as the Pusher does) and
+versions older than the last two are removed, so the server loads new
+versions and retires old ones under load.
+
+Per level: offered and answered rates, goodput (answers OK per second),
+p50/p99/p99.9 latency of the admitted (OK) requests, refusals by code
+(RESOURCE_EXHAUSTED/429, UNAVAILABLE/503) with their time to refusal,
+timeouts (no answer within the deadline), other failures (those during a
+version swap counted apart), and the server's RSS and open file
+descriptors every second (growth between minute 2 and the end of the
+level). Requests the client could not send on time (all its threads busy)
+are counted as `late_sends`. Targets (issue: faults of real use): at 4x,
+admitted p99 within the deadline and at most 3x the p99 at 0.5x, refusals
+answered in under 50 ms (p99), no timeouts of admitted requests, no failed
+request during version swaps, RSS growth under 10%. Client and server share
+the host's cores: the client's own CPU use is part of what is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from benchmarks.results import host, write_result  # noqa: E402
+from benchmarks.serving import (ServerProcess, load, log, make_image,  # noqa: E402
+                                percentile)
+
+LEVELS = ((0.5, 2.0), (1.0, 10.0), (2.0, 2.0), (4.0, 10.0))  # (x capacity, minutes)
+
+
+class Pusher(threading.Thread):
+    """Publishes a new version every `every` s (copy + rename) and removes all but the last two."""
+
+    def __init__(self, base: str, source: str, every: float):
+        super().__init__(daemon=True)
+        self.base, self.source, self.every = base, source, every
+        self.version = 1
+        self.swaps: List[float] = []  # monotonic times of the publishes
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            self.version += 1
+            tmp = os.path.join(self.base, f".tmp-{self.version}")
+            shutil.copytree(self.source, tmp)
+            os.rename(tmp, os.path.join(self.base, str(self.version)))
+            self.swaps.append(time.monotonic())
+            for name in os.listdir(self.base):
+                if name.isdigit() and int(name) <= self.version - 2:
+                    shutil.rmtree(os.path.join(self.base, name), ignore_errors=True)
+
+
+class Sender:
+    """Sends one request over gRPC or REST and records (scheduled, sent, latency, outcome)."""
+
+    def __init__(self, server: ServerProcess, model_name: str, image: bytes, deadline: float):
+        import grpc
+        from serving.client import CaptionClient
+        self.deadline = deadline
+        self.grpc = grpc
+        # One channel for every sending thread (gRPC channels are thread-safe); no retries.
+        self.client = CaptionClient(server.address, model_name, timeout=deadline,
+                                    max_attempts=1)
+        self.rest_host = server.rest_url.split("//", 1)[1]
+        self.rest_body = json.dumps({"instances": [{"image_bytes": {
+            "b64": base64.b64encode(image).decode()}}], "signature_name": "serving_default"})
+        self.rest_path = f"/v1/models/{model_name}:predict"
+        self.image = image
+        self.local = threading.local()
+
+    def _rest(self) -> str:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = self.local.conn = http.client.HTTPConnection(self.rest_host,
+                                                                timeout=self.deadline)
+        try:
+            conn.request("POST", self.rest_path, self.rest_body,
+                         {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            self.local.conn = None
+            return "TIMEOUT" if "timed out" in str(e) else f"REST_{type(e).__name__}"
+        return {200: "OK", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(
+            response.status, f"HTTP_{response.status}")
+
+    def _grpc(self) -> str:
+        from serving.client import CaptionError
+        try:
+            self.client.caption([self.image], attention=False)
+            return "OK"
+        except CaptionError as e:
+            return "TIMEOUT" if e.code == self.grpc.StatusCode.DEADLINE_EXCEEDED else e.code.name
+
+    def send(self, api: str, scheduled: float) -> tuple:
+        sent = time.monotonic()
+        outcome = self._grpc() if api == "grpc" else self._rest()
+        return api, scheduled, sent, time.monotonic() - sent, outcome
+
+
+def server_stats(pid: int) -> tuple[float, int]:
+    """(RSS MB, open file descriptors) of a process."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def run_level(sender: Sender, pid: int, rate: float, seconds: float, threads: int,
+              pusher: Pusher, seed: int) -> Dict[str, object]:
+    """Open-loop load at `rate` requests/s for `seconds`; the level's figures."""
+    rng = random.Random(seed)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads)
+    busy = threading.Semaphore(threads)
+    results: list = []
+    late = [0]
+    samples: list = []
+    start = time.monotonic()
+
+    def task(api, scheduled):
+        try:
+            results.append(sender.send(api, scheduled))
+        finally:
+            busy.release()
+
+    next_sample, t, k = start, start, 0
+    while t - start < seconds:
+        t += rng.expovariate(rate)
+        while True:
+            now = time.monotonic()
+            if now >= next_sample:
+                samples.append((round(now - start, 1), *server_stats(pid)))
+                next_sample += 1.0
+            if now >= t:
+                break
+            time.sleep(min(t - now, 0.005))
+        if not busy.acquire(blocking=False):
+            late[0] += 1  # the client has no free thread: not sent
+            continue
+        pool.submit(task, "grpc" if k % 2 == 0 else "rest", t)
+        k += 1
+    pool.shutdown(wait=True)
+    return summarize(results, late[0], samples, seconds, rate, pusher.swaps, sender.deadline)
+
+
+def summarize(results: list, late: int, samples: list, seconds: float, rate: float,
+              swaps: list, deadline: float) -> Dict[str, object]:
+    """One level's figures from its (api, scheduled, sent, latency, outcome) records."""
+    by = collections.Counter(r[4] for r in results)
+    ok = sorted(r[3] for r in results if r[4] == "OK")
+    refused = {code: sorted(r[3] for r in results if r[4] == code)
+               for code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE")}
+    failed = [r for r in results if r[4] not in ("OK", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
+                                                  "TIMEOUT")]
+    near_swap = [r for r in failed if any(abs(r[2] - s) < 5.0 for s in swaps)]
+    minute2 = [s for s in samples if s[0] >= 120.0] or samples[len(samples) // 4:]
+    rss_growth = (samples[-1][1] / minute2[0][1] - 1.0) if minute2 and samples else 0.0
+    ms = lambda v: round(1e3 * v, 2)  # noqa: E731
+    return {
+        "offered_rps": round(rate, 2), "sent": len(results), "late_sends": late,
+        "goodput_rps": round(len(ok) / seconds, 2),
+        "p50_ms": ms(percentile(ok, 50)) if ok else None,
+        "p99_ms": ms(percentile(ok, 99)) if ok else None,
+        "p999_ms": ms(percentile(ok, 99.9)) if ok else None,
+        "outcomes": dict(by),
+        "refused_fraction": round(sum(len(v) for v in refused.values()) / max(1, len(results)), 4),
+        "refusal_p50_ms": {c: ms(percentile(v, 50)) for c, v in refused.items() if v},
+        "refusal_p99_ms": {c: ms(percentile(v, 99)) for c, v in refused.items() if v},
+        "timeouts": by.get("TIMEOUT", 0), "deadline_s": deadline,
+        "failed": len(failed), "failed_near_version_swap": len(near_swap),
+        "rss_mb_first_last": [round(samples[0][1], 1), round(samples[-1][1], 1)] if samples else [],
+        "rss_growth_from_minute_2": round(rss_growth, 4),
+        "fds_min_max": [min(s[2] for s in samples), max(s[2] for s in samples)] if samples else [],
+        "timeline": samples[:: max(1, len(samples) // 60)],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every level's minutes")
+    p.add_argument("--deadline", type=float, default=2.0, help="request deadline / timeout (s)")
+    p.add_argument("--threads", type=int, default=256, help="client sending threads")
+    p.add_argument("--push-every", type=float, default=30.0)
+    p.add_argument("--capacity-concurrency", type=int, default=16)
+    p.add_argument("--capacity-seconds", type=float, default=20.0)
+    p.add_argument("--decoder-units", type=int, default=512)
+    p.add_argument("--decoder-steps", type=int, default=60)
+    p.add_argument("--image-size", type=int, default=64)
+    args = p.parse_args(argv)
+
+    from tests.serving.fixtures import build_fixture_model
+    image = make_image(args.image_size)
+    tmp = tempfile.mkdtemp(prefix="serving-load-")
+    source = os.path.join(tmp, "source")
+    build_fixture_model(source, image_size=args.image_size, decoder_units=args.decoder_units,
+                        decoder_steps=args.decoder_steps, warmup_images=[image] * 4)
+    base = os.path.join(tmp, "captioner")
+    os.makedirs(base)
+    shutil.copytree(source, os.path.join(base, "1"))
+    batching = {"max_batch_size": 32, "batch_timeout_micros": 2000, "num_batch_threads": 2}
+    server = ServerProcess(base, "captioner", batching, ["--poll-seconds", "1"])
+    pid = server.process.pid
+    log(f"host: {host()['cpu']}, {os.cpu_count()} CPUs; server pid {pid}")
+    try:
+        cap = load(server.address, "captioner", image, args.capacity_concurrency,
+                   args.capacity_seconds, 3.0)
+        capacity = cap["rps"]
+        log(f"capacity (closed loop, c={args.capacity_concurrency}): {capacity:.1f} req/s, "
+            f"p50 {cap['p50_ms']:.1f} ms")
+        sender = Sender(server, "captioner", image, args.deadline)
+        pusher = Pusher(base, source, args.push_every)
+        pusher.start()
+        levels = {}
+        for i, (factor, minutes) in enumerate(LEVELS):
+            seconds = 60.0 * minutes * args.scale
+            r = run_level(sender, pid, factor * capacity, seconds, args.threads, pusher, i)
+            levels[f"{factor}x"] = r
+            log(f"{factor}x ({seconds:.0f} s): offered {r['offered_rps']} req/s, goodput "
+                f"{r['goodput_rps']}, p50/p99/p99.9 {r['p50_ms']}/{r['p99_ms']}/{r['p999_ms']} ms,"
+                f" refused {r['refused_fraction']:.1%} in p99 {r['refusal_p99_ms']} ms, "
+                f"timeouts {r['timeouts']}, failed {r['failed']} "
+                f"({r['failed_near_version_swap']} near a swap), late sends {r['late_sends']}, "
+                f"RSS {r['rss_mb_first_last']} MB ({r['rss_growth_from_minute_2']:+.1%}), "
+                f"fds {r['fds_min_max']}")
+        pusher.stop.set()
+        alive = server.process.poll() is None
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    low, high = levels["0.5x"], levels["4.0x"]
+    refusals = [v for v in high["refusal_p99_ms"].values()]
+    targets = {
+        "p99_4x_within_deadline": bool(high["p99_ms"] and high["p99_ms"] <= 1e3 * args.deadline),
+        "p99_4x_at_most_3x_p99_half": bool(high["p99_ms"] and low["p99_ms"]
+                                            and high["p99_ms"] <= 3 * low["p99_ms"]),
+        # None: nothing was refused at 4x, so there is no refusal time to judge.
+        "refusals_under_50ms": bool(all(v < 50 for v in refusals)) if refusals else None,
+        "no_timeouts": all(lv["timeouts"] == 0 for lv in levels.values()),
+        "no_failures_during_swaps": all(lv["failed_near_version_swap"] == 0
+                                        for lv in levels.values()),
+        "rss_growth_under_10pct": all(lv["rss_growth_from_minute_2"] < 0.10
+                                      for lv in levels.values()),
+        "server_alive": alive,
+    }
+    summary = {"capacity_rps": round(capacity, 2), "deadline_s": args.deadline,
+               "versions_pushed": pusher.version - 1, "levels": levels, "targets": targets,
+               "scale": args.scale}
+    print(json.dumps(summary))
+    write_result("serving_load", summary, argv=argv,
+                 variant="" if args.scale == 1.0 else f"scale{args.scale:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
