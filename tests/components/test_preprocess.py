@@ -405,3 +405,26 @@ def test_runs_under_the_pipeline_runner_and_publishes(artifacts, tmp_path, monke
     assert vocabulary.properties["size"] == len(open(vocabulary.path("vocab.txt")).readlines())
     assert os.path.exists(annotations.path(schema.DEAD_LETTERS_FILE))
     assert len(_records(annotations.uri)) == 12
+
+
+def test_a_record_lost_between_the_counters_and_the_files_fails_the_stage(artifacts,
+                                                                          monkeypatch):
+    """A runner that counts an output and then drops it: the stage fails, naming the split."""
+    from components.beam.record_guard import RecordLossError
+    from components.preprocess import transforms as preprocess_transforms
+    original = preprocess_transforms.ToExample.process
+    dropped = []
+
+    def drop_one(self, item):
+        for out in original(self, item):
+            if not dropped and out[0] == "train":
+                dropped.append(item[0]["id"])  # counted as accepted, never written
+                continue
+            yield out
+
+    monkeypatch.setattr(preprocess_transforms.ToExample, "process", drop_one)
+    with pytest.raises(RecordLossError) as info:
+        _run(artifacts, "lossy")
+    message = str(info.value)
+    assert "nothing is published" in message and "train" in message
+    assert "-1 unaccounted" in message or "+1 unaccounted" in message
