@@ -4,12 +4,12 @@
     python benchmarks/decode_cpu.py --skip-fairness # the decode cases only (~1 min)
 
 1. **Decode cases.** For each image: its size, its estimated decode work
-   (`serving/decode_work.py`), what decoding it costs without any check
+   (`serving/limits/decode_work.py`), what decoding it costs without any check
    (`tf.io.decode_image(..., channels=3)` as the serving graph calls it, in
    this process, CPU seconds), and, under the default limits, whether it is
    refused and how long the server's checks take (headers, pixels, decode
    work: in process, and the whole gRPC round trip to a server).
-2. **Fairness.** The server (`python -m serving.server`, the fixture model)
+2. **Fairness.** The server (`python -m serving.server.model_server`, the fixture model)
    is started twice: without the decode-work checks and CPU admission
    (`--max-decode-work 0 --decode-work-budget 0`, the server as it was) and
    with the defaults. Four clients send, back to back, the most expensive
@@ -43,10 +43,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchmarks.results import cpuinfo, write_result  # noqa: E402
-from serving.decode_work import estimate  # noqa: E402
-from serving.flags import DEFAULTS  # noqa: E402
-from serving.image_headers import ImageHeaderError, check_pixels, probe_image  # noqa: E402
-from serving.work_admission import request_work  # noqa: E402
+from serving.limits.decode_work import estimate  # noqa: E402
+from serving.server.flags import DEFAULTS  # noqa: E402
+from serving.limits.image_headers import ImageHeaderError, check_pixels, probe_image  # noqa: E402
+from serving.limits.work_admission import request_work  # noqa: E402
 from tests.serving.hostile_images import (interlaced_png, jpeg, repeated_scan_jpeg,  # noqa: E402
                                           tiny_frame_gif)
 
@@ -161,7 +161,7 @@ def measure_cases(with_large: bool, grpc_target: str = "") -> List[dict]:
 
 def _grpc_round_trip(target: str, data: bytes) -> tuple:
     """(seconds, status code name) of one Predict of `data`."""
-    from serving.client import CaptionClient, CaptionError
+    from serving.client.caption_client import CaptionClient, CaptionError
     with CaptionClient(target, timeout=300) as client:
         started = time.perf_counter()
         code = "OK"
@@ -186,7 +186,7 @@ def fairness(base: str, args: List[str], seconds: float, clients: int,
     The image is the progressive 2000x2000 JPEG with its last scan repeated
     `repeats` times; 0: as often as the default --max-decode-work allows.
     """
-    from serving.client import CaptionClient, CaptionError
+    from serving.client.caption_client import CaptionClient, CaptionError
     side = 2000
     repeats = repeats or (DEFAULTS.max_decode_work - 8 * side * side) // (side * side)
     expensive = repeated_scan_jpeg(side, repeats)

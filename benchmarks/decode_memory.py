@@ -4,7 +4,7 @@ Runs `tf.io.decode_image` + float cast + resize (what the serving graph does
 per image) on one SIDE x SIDE image of random pixels, in this process, and
 prints the peak RSS (VmHWM) above the warm process in bytes per decoded
 pixel. `gif-frame` is a GIF whose header claims a 1x1 screen while its frame
-is SIDE x SIDE. `serving/admission.py`'s DECODE_BYTES_PER_PIXEL must stay
+is SIDE x SIDE. `serving/limits/admission.py`'s DECODE_BYTES_PER_PIXEL must stay
 above every figure; docs/RELIABILITY.md quotes them.
 
     python benchmarks/decode_memory.py png 3000

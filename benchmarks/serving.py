@@ -4,7 +4,7 @@
     python benchmarks/serving.py --model-base-path /srv/serving/captioner --image dog.jpg
     python benchmarks/serving.py --decoder-units 0    # near-free model: the fixed overhead
 
-Measures, for the project's server (`python -m serving.server`, started as a
+Measures, for the project's server (`python -m serving.server.model_server`, started as a
 separate process, as deployed) with dynamic batching off and on:
 p50/p99 latency and throughput of single-image `Predict` calls made by
 `CaptionClient` at concurrency 1, 8 and 32; and the overhead of serving at
@@ -132,7 +132,7 @@ def overhead(local_call, address: str, model_name: str, image: bytes,
     other processes on a shared machine hits both alike; the ratio is of
     the two medians.
     """
-    from serving.client import CaptionClient
+    from serving.client.caption_client import CaptionClient
 
     with CaptionClient(address, model_name, timeout=120) as client:
         local, served = alternate(local_call, lambda: client.caption([image]), seconds)
@@ -182,11 +182,11 @@ def rest_overhead(local_call, rest_url: str, model_name: str, image: bytes,
 
 
 class ServerProcess:
-    """`python -m serving.server` on free loopback ports, stopped with SIGTERM."""
+    """`python -m serving.server.model_server` on free loopback ports, stopped with SIGTERM."""
 
     def __init__(self, base: str, model_name: str, batching: Optional[Dict[str, int]],
                  extra: Sequence[str] = ()):
-        command = [sys.executable, "-m", "serving.server", "--model-base-path", base,
+        command = [sys.executable, "-m", "serving.server.model_server", "--model-base-path", base,
                    "--model-name", model_name, "--port", "0", "--rest-port", "0",
                    "--poll-seconds", "30", "--log-level", "WARNING", *extra]
         if batching:
@@ -214,7 +214,7 @@ class ServerProcess:
 def load(address: str, model_name: str, image: bytes, concurrency: int, seconds: float,
          warmup: float) -> Dict[str, float]:
     """Closed-loop load: `concurrency` threads, each with its own channel."""
-    from serving.client import CaptionClient
+    from serving.client.caption_client import CaptionClient
 
     latencies: List[List[float]] = [[] for _ in range(concurrency)]
     errors = [0]

@@ -3,7 +3,7 @@
     python benchmarks/serving_load.py                    # 2 + 10 + 2 + 10 min, about 25 min
     python benchmarks/serving_load.py --scale 0.05       # every level 20x shorter: a check
 
-The server (`python -m serving.server`, a separate process, dynamic
+The server (`python -m serving.server.model_server`, a separate process, dynamic
 batching on) serves the test fixture model with a decoder-sized workload
 (as benchmarks/serving.py). Its capacity is measured first, closed-loop
 (gRPC, `--capacity-concurrency` clients, `--capacity-seconds`). Then each
@@ -82,7 +82,7 @@ class Sender:
 
     def __init__(self, server: ServerProcess, model_name: str, image: bytes, deadline: float):
         import grpc
-        from serving.client import CaptionClient
+        from serving.client.caption_client import CaptionClient
         self.deadline = deadline
         self.grpc = grpc
         # One channel for every sending thread (gRPC channels are thread-safe); no retries.
@@ -113,7 +113,7 @@ class Sender:
             response.status, f"HTTP_{response.status}")
 
     def _grpc(self) -> str:
-        from serving.client import CaptionError
+        from serving.client.caption_client import CaptionError
         try:
             self.client.caption([self.image], attention=False)
             return "OK"

@@ -6,7 +6,7 @@
 `captioner serve` picks TensorFlow's intra-op pool size itself when
 `--tensorflow_intra_op_parallelism` is not given (docs/serving.md): one
 thread per op when every model it serves has an encoder of at most
-`serving.thread_choice.SMALL_ENCODER_GFLOPS` per image, TensorFlow's
+`serving.server.thread_choice.SMALL_ENCODER_GFLOPS` per image, TensorFlow's
 default otherwise. This measures where that line belongs. For each encoder
 (`weights=None`) it exports a captioner with the demo's decoder (untrained,
 so every caption runs to `--max-length`: the slowest decode), records the
@@ -64,7 +64,7 @@ def _export(name: str, folder: str, args) -> tuple[str, float]:
     """Exports a captioner over encoder `name`; (its folder, the encoder's GFLOPs per image)."""
     from models.encoder import build_encoder, encoder_flops
     from models.show_attend_tell import ShowAttendTell
-    from serving.export import Decoding, export_saved_model
+    from serving.signature.export import Decoding, export_saved_model
     fields = dict(ENCODERS[name])
     encoder = build_encoder(fields.pop("kind"), weights="none", **fields)
     _, h, w, d = encoder.output_shape
@@ -86,7 +86,7 @@ def _worker(path: str, intra_op: int, calls: int) -> None:
 
     import numpy as np
     from PIL import Image
-    from serving.server import _set_tf_threads
+    from serving.server.model_server import _set_tf_threads
     _set_tf_threads(intra_op, 0, "auto")
     import tensorflow as tf
     model = tf.saved_model.load(path)

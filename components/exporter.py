@@ -2,10 +2,10 @@
 
 TFX's order: the Trainer's model is exported for serving *before* it is
 evaluated, so that the function the Evaluator scores is the function TF
-Serving runs. The SavedModel (`serving.export.export_saved_model`: the
+Serving runs. The SavedModel (`serving.signature.export.export_saved_model`: the
 `serving_default` signature on image bytes, `caption_annotations` on grids,
 warmup requests) decodes with `eval.beam_size`, `eval.max_length` and
-`eval.length_normalization`. The InfraValidator (`serving.infra_validator`)
+`eval.length_normalization`. The InfraValidator (`serving.server.infra_validator`)
 then checks, in a child process, that TF Serving's session loader could load
 and run it; its report is recorded, and a model that fails it is not
 evaluated and never blessed (the Evaluator says why).

@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommands that parse their own flags: name -> "module:function(argv)".
-DELEGATED = {"serve": "serving.server:main", "caption": "serving.client:caption_main",
+DELEGATED = {"serve": "serving.server.model_server:main", "caption": "serving.client.caption_client:caption_main",
              "demo": "pipeline.demo:main"}
 BULK_CAPTION = "components.bulk_inferrer.cli:main"  # `caption --model PATH`: no server
 

@@ -56,8 +56,8 @@ def _caption_over_grpc(summary: dict, model_base: str, model_name: str, count: i
                        output: str) -> None:
     """Serves the pushed model and captions `count` test images through the gRPC client."""
     from components.evaluator.split_readers import read_images
-    from serving.attention_figure import save_attention_figure
-    from serving.client import CaptionClient
+    from serving.client.attention_figure import save_attention_figure
+    from serving.client.caption_client import CaptionClient
     examples_uri = summary["stages"]["ExampleGen"]["outputs"]["examples"]
     evaluation_uri = summary["stages"]["Evaluator"]["outputs"]["evaluation"]
     references, evaluated = {}, {}

@@ -48,8 +48,8 @@ def test_every_stage_ran_and_the_model_was_pushed(tiny_run):
 def test_serve_and_caption_through_the_client(tiny_run):
     root, summary = tiny_run
     from components.evaluator.split_readers import read_images
-    from serving.client import CaptionClient
-    from serving.server import ModelServer
+    from serving.client.caption_client import CaptionClient
+    from serving.server.model_server import ModelServer
     props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
     vocab_dir = summary["stages"]["Preprocess"]["outputs"]["vocabulary"]
     with open(os.path.join(vocab_dir, "vocab.txt")) as f:
@@ -131,7 +131,7 @@ def test_every_test_image_served_gets_the_evaluated_caption(tiny_run, tmp_path):
     """A real server of the pushed version: one request per test image, gRPC and REST."""
     import base64
     import urllib.request
-    from serving.client import CaptionClient
+    from serving.client.caption_client import CaptionClient
     from tests.reliability.server_process import ServerProcess
     root, summary = tiny_run
     stages = summary["stages"]

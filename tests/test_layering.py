@@ -177,3 +177,53 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
     graph = import_graph(("components",), root=str(tmp_path))
     assert find_cycle(graph) == ["components.a", "components.b", "components.a"]
     assert find_cycle({"x": ["y"], "y": []}) is None
+
+
+# serving/'s subpackages and the serving modules each may import: the shared
+# base (errors, tensors, cli_help) below everything, the server on top, and
+# the client beside it, never reaching into the server.
+SERVING_BASE = ("serving.errors", "serving.tensors", "serving.cli_help")
+SERVING_ALLOWED = {
+    "serving.signature": (),
+    "serving.limits": (),
+    "serving.versions": ("serving.limits",),
+    "serving.ui": ("serving.signature",),
+    "serving.client": ("serving.signature",),
+    "serving.server": ("serving.signature", "serving.limits", "serving.versions", "serving.ui"),
+}
+
+
+def _serving_part(module):
+    """The subpackage (or base module) of `serving` that `module` belongs to, or None."""
+    for part in (*SERVING_ALLOWED, *SERVING_BASE):
+        if _in_package(module, part):
+            return part
+    return None
+
+
+def test_serving_subpackages_import_only_what_they_may():
+    bad = []
+    for module, path in _modules("serving"):
+        part = _serving_part(module)
+        if module == "serving":
+            continue
+        if part is None:
+            bad.append(f"{module} is in no subpackage of serving ({', '.join(SERVING_ALLOWED)}) "
+                       f"and is not a shared module ({', '.join(SERVING_BASE)})")
+            continue
+        allowed = {part, *SERVING_ALLOWED.get(part, ())} | (
+            set() if part in SERVING_BASE else set(SERVING_BASE))
+        for name in imports.imported_names(path, module):
+            if name.split(".")[0] != "serving" or name == "serving":
+                continue
+            target = _serving_part(name)
+            if target not in allowed:
+                bad.append(f"{module} imports {name}")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_the_serving_check_names_the_layers_it_knows():
+    assert _serving_part("serving.server.rest") == "serving.server"
+    assert _serving_part("serving.tensors") == "serving.tensors"
+    assert _serving_part("serving.loose") is None
+    assert "serving.server" not in SERVING_ALLOWED["serving.client"]

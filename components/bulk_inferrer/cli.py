@@ -1,7 +1,7 @@
 """`captioner caption --model PATH IMAGE...`: bulk captioning without a server.
 
 `pipeline/cli.py` hands `caption` command lines that name `--model` here
-(the others go to the gRPC client, `serving.client.caption_main`).
+(the others go to the gRPC client, `serving.client.caption_client.caption_main`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Everything here runs on the driver, before the Beam job, through
 `tf.io.gfile` (local paths, gs:// and the other filesystems TensorFlow
 reads): the version folder is chosen the way TF Serving chooses one
-(`serving.model_manager.version_folders`), and the image arguments are
+(`serving.versions.model_manager.version_folders`), and the image arguments are
 expanded to a sorted list of paths, so the job's input is known, counted and
 checked against its output.
 """
@@ -38,7 +38,7 @@ def resolve_model(model_path: str) -> tuple[str, Optional[int]]:
       BulkInputError: neither layout is there.
     """
     import tensorflow as tf
-    from serving.model_manager import version_folders
+    from serving.versions.model_manager import version_folders
     path = model_path.rstrip("/") or model_path
     if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
         name = os.path.basename(path)
@@ -62,7 +62,7 @@ def check_signature(folder: str, signature: str) -> None:
     """
     from tensorflow.core.framework import types_pb2
 
-    from serving.servable import read_meta_graph
+    from serving.versions.servable import read_meta_graph
     signatures = read_meta_graph(folder).signature_def
     names = sorted(name for name in signatures if not name.startswith("__"))
     if signature not in names:

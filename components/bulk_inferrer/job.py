@@ -16,7 +16,7 @@ image that does not decode fails its whole batch inside the graph; the
 handler then captions that batch one image at a time, and each image that
 still fails becomes a dead letter with the server's error text, so one bad
 file never stops the job. Lines are those of `captioner caption --json`
-(`serving.client.json_line`). The file is written by Beam's `WriteToText`,
+(`serving.client.caption_client.json_line`). The file is written by Beam's `WriteToText`,
 which renames only the output of bundles that succeeded, so a task that a
 runner retries (a Dask worker that died) writes no line twice.
 """
@@ -95,7 +95,7 @@ class _LoadedSignature:
 class CaptionModelHandler(ModelHandler[bytes, Any, _LoadedSignature]):
     """Runs a captioner SavedModel's signature on batches of encoded images in `RunInference`.
 
-    Each output is the dict of `serving.client.caption_results` (caption,
+    Each output is the dict of `serving.client.caption_client.caption_results` (caption,
     score, tokens cut to their length, version), or a str: why that image
     failed (a dead letter). The SavedModel is loaded once per worker process
     (RunInference's shared handle).
@@ -120,7 +120,7 @@ class CaptionModelHandler(ModelHandler[bytes, Any, _LoadedSignature]):
     def run_inference(self, batch: Sequence[bytes], model: _LoadedSignature,
                       inference_args: Optional[dict[str, Any]] = None) -> Iterable[Any]:
         import tensorflow as tf
-        from serving.client import caption_results
+        from serving.client.caption_client import caption_results
         from serving.errors import from_tf_error
         try:
             outputs = model(batch)
@@ -146,7 +146,7 @@ class ToLine(beam.DoFn):
         self._captioned = Metrics.counter(NAMESPACE, "images_captioned")
 
     def process(self, item):
-        from serving.client import json_line
+        from serving.client.caption_client import json_line
         image, result = item
         if isinstance(result, str):
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, (image, result))

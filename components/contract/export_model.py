@@ -55,8 +55,8 @@ def export(path: str, sources: ExportSources, progress=None, validate_infra: boo
     import keras
     import models.encoder  # registers the custom layers
     import models.show_attend_tell  # noqa: F401
-    from serving.export import Decoding, export_saved_model
-    from serving.infra_validator import validate
+    from serving.signature.export import Decoding, export_saved_model
+    from serving.server.infra_validator import validate
     step = progress or (lambda name: None)
     step("load")
     decoder = keras.saving.load_model(schema.model_file(sources.model_uri))
@@ -70,7 +70,7 @@ def export(path: str, sources: ExportSources, progress=None, validate_infra: boo
     if validate_infra:
         step("infra validation")
         report = validate(path)
-    # The server sizes TensorFlow's thread pools by it (serving/thread_choice.py).
+    # The server sizes TensorFlow's thread pools by it (serving/server/thread_choice.py).
     encoder_gflops = float(f"{models.encoder.encoder_flops(encoder) / 1e9:.4g}")
     full = dict(sources.record or {}, decoding=sources.decoding, model_name=sources.model_name,
                 num_warmup_requests=sources.num_warmup_requests, infra_validation=report,

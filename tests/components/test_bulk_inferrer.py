@@ -13,7 +13,7 @@ import os
 import pytest
 
 from components.bulk_inferrer import cli, inputs, job
-from serving.client import CaptionClient, CaptionError
+from serving.client.caption_client import CaptionClient, CaptionError
 from tests.serving.conftest import (BLUE, GREEN, RED, make_base, model_store,  # noqa: F401
                                     start_server)
 from tests.serving.fixtures import expected_caption, solid_image
@@ -172,10 +172,10 @@ def test_check_lines_finds_a_line_written_twice_for_a_lost_one():
 
 def test_captioner_caption_with_model_is_bulk_captioning(monkeypatch):
     from pipeline import cli as captioner
-    import serving.client
+    import serving.client.caption_client
     calls = []
     monkeypatch.setattr(cli, "main", lambda argv: calls.append(("bulk", argv)) or 0)
-    monkeypatch.setattr(serving.client, "caption_main",
+    monkeypatch.setattr(serving.client.caption_client, "caption_main",
                         lambda argv: calls.append(("server", argv)) or 0)
     for rest in (["a.png", "--model", "m"], ["--model=m", "a.png"],
                  ["a.png", "--model-name", "m"]):

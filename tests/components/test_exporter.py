@@ -14,7 +14,7 @@ from pipeline.runner import StageContext
 def _exporter_context(tmp_path, monkeypatch, build):
     """An Exporter context whose export writes what `build(path)` writes."""
     import keras
-    from serving import export as export_lib
+    from serving.signature import export as export_lib
     # The encoder: one 3x3 conv from 8x8x3 to 4 channels (2 * 6,912 multiply-adds).
     inputs = keras.Input((8, 8, 3))
     encoder = keras.Model(inputs, keras.layers.Conv2D(4, 3, padding="same")(inputs))
@@ -51,7 +51,7 @@ def test_the_export_records_its_digest_decoding_and_infra_validation(tmp_path, m
     with open(os.path.join(saved, schema.EXPORT_RECORD)) as f:
         record = json.load(f)  # inside the digest: pushed with the SavedModel
     assert record["model"] == "fp-model" and record["infra_validation"] == report
-    # What the server sizes its thread pools by (serving/thread_choice.py); the
+    # What the server sizes its thread pools by (serving/server/thread_choice.py); the
     # conv's 13,824 FLOPs and its bias's 256 adds.
     assert record["encoder_gflops"] == pytest.approx(14_080 / 1e9, rel=1e-3)
 

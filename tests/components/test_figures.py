@@ -4,7 +4,7 @@ import pytest
 from PIL import Image
 
 from components.evaluator.figures import attention_figure, upsample_attention, write_index
-from serving.attention_figure import (MAX_DRAWN_PIXELS, render_attention_figure,
+from serving.client.attention_figure import (MAX_DRAWN_PIXELS, render_attention_figure,
                                       save_attention_figure)
 
 

@@ -10,7 +10,7 @@ from PIL import Image
 from models.decoding import beam_search
 from models.encoder import CoordinateChannels
 from models.image_ops import decode_batch
-from serving.export import Decoding, export_saved_model
+from serving.signature.export import Decoding, export_saved_model
 from tests.models.tiny import CAPTIONS, make_model
 
 IMAGE_SIZE = 16

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import config as config_lib
 from pipeline.cli import SERVE_FLAGS, serve_argv
-from serving.flags import DEFAULTS, build_parser
+from serving.server.flags import DEFAULTS, build_parser
 
 
 def test_serve_config_defaults_equal_the_server_defaults():

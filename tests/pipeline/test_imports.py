@@ -15,7 +15,7 @@ def test_evaluator_closure_has_what_it_really_imports():
     files = _rel(imports.import_closure("components.evaluator").values())
     # Through the grounding metric and the figures module.
     assert "components/synthetic/shapes_grammar.py" in files
-    assert "serving/attention_figure.py" in files
+    assert "serving/client/attention_figure.py" in files
     assert "models/decoding.py" in files          # imported inside a function
     assert "components/__init__.py" in files      # packages run their __init__ first
     # Stages never import each other: nothing of the Trainer package (which

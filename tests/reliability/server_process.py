@@ -1,4 +1,4 @@
-"""`python -m serving.server` in a child process, for the reliability tests.
+"""`python -m serving.server.model_server` in a child process, for the reliability tests.
 
 A child process lets a test check that the server never dies (`alive`) and
 read its memory from /proc (`rss_mb`).
@@ -18,7 +18,7 @@ _BANNER = re.compile(r"serving: grpc=(\S+) rest=(\S+)")
 
 
 class ServerProcess:
-    """`python -m serving.server ARGS` in a child process, ports read from its banner.
+    """`python -m serving.server.model_server ARGS` in a child process, ports read from its banner.
 
     Args:
       args: command-line arguments (`--port 0 --rest-port 0` to pick free ports).
@@ -30,7 +30,7 @@ class ServerProcess:
         self.log_path = log_path
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "serving.server", *args], cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-m", "serving.server.model_server", *args], cwd=REPO,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True,
                                      env=env)
         self.pid = self.proc.pid

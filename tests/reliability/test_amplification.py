@@ -29,7 +29,7 @@ from PIL import Image
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.image_headers import probe_image
+from serving.limits.image_headers import probe_image
 from serving.tensors import ndarray_to_tensor_proto
 from tests.serving.fixtures import b64, expected_caption, publish_version, solid_image
 

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
-from serving.client import CaptionClient, CaptionError
+from serving.client.caption_client import CaptionClient, CaptionError
 from tests.serving.fixtures import b64, publish_version, rest_call
 from tests.serving.hostile_images import jpeg, repeated_scan_jpeg
 

@@ -63,7 +63,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
 
-from serving.image_headers import ImageHeaderError, check_pixels
+from serving.limits.image_headers import ImageHeaderError, check_pixels
 from serving.tensors import ndarray_to_tensor_proto, short_dtype_name
 from tests.serving.conftest import BLUE, GREEN, RED
 from tests.serving.fixtures import (b64, expected_caption, publish_version, recv_until_closed,
@@ -273,7 +273,7 @@ def details_match(details: str, text) -> bool:
         return bool(text.search(details))
     if text in details:
         return True
-    # Long details are cut by the server to fit gRPC trailers (serving/server.py).
+    # Long details are cut by the server to fit gRPC trailers (serving/server/model_server.py).
     head, cut, _ = details.rpartition("... (")
     return (bool(cut) and details.endswith(" more characters)") and len(head) >= 100
             and text.startswith(head))

@@ -213,7 +213,7 @@ def _checkpoint_step(root: str) -> int:
 
 def _poll_serving(model_dir: str, policy: str = "latest") -> dict:
     """What a polling server makes of a serving folder: one ModelManager poll."""
-    from serving.model_manager import ModelManager, ModelSource, VersionPolicy
+    from serving.versions.model_manager import ModelManager, ModelSource, VersionPolicy
     manager = ModelManager([ModelSource("captioner", model_dir, VersionPolicy.parse(policy))],
                            poll_seconds=0)
     try:
@@ -483,7 +483,7 @@ def _tree(path: str) -> dict[str, int]:
 
 def test_publish_version_killed_anywhere_leaves_only_complete_versions(model_store, tmp_path):
     """Several seeded random kill points, plus each phase hit on purpose."""
-    from serving.model_manager import ModelManager, ModelSource
+    from serving.versions.model_manager import ModelManager, ModelSource
     saved_model = model_store["image"]  # a SavedModel with the serving contract and warmup
     model_dir = str(tmp_path / "serving ü" / "captioner")
     os.makedirs(model_dir)

@@ -259,7 +259,7 @@ def test_downstream_stages_conserve_counts(faulty_run):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_polling_server_loads_the_push_under_a_non_ascii_root(faulty_run):
-    from serving.model_manager import ModelManager
+    from serving.versions.model_manager import ModelManager
     pushed = faulty_run["arts"]["PushedModel"]
     manager = ModelManager(config_file=pushed.properties["models_config"], poll_seconds=0)
     try:

@@ -23,8 +23,8 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      model_service_pb2_grpc, prediction_service_pb2_grpc)
 
 from pipeline.config import ServeConfig
-from serving.server import ModelServer, build_parser
-from serving.server_options import ServerOptions
+from serving.server.model_server import ModelServer, build_parser
+from serving.server.options import ServerOptions
 from tests.reliability.test_fuzz_serving import image, png_bomb, request_of_size
 from tests.serving.conftest import RED
 from tests.serving.fixtures import (b64, build_fixture_model, expected_caption,

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from serving.client import CaptionClient
+from serving.client.caption_client import CaptionClient
 from tests.serving.conftest import RED, remove_version
 from tests.serving.fixtures import (build_fixture_model, expected_caption, publish_version,
                                     solid_image)

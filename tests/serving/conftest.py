@@ -40,7 +40,7 @@ def make_base(tmp_path, model_store):
 @pytest.fixture
 def start_server():
     """start_server(**ModelServer kwargs) -> a started server, stopped after the test."""
-    from serving.server import ModelServer
+    from serving.server.model_server import ModelServer
 
     servers = []
 

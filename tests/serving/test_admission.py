@@ -7,11 +7,11 @@ import threading
 import grpc
 import pytest
 
-from serving import admission
-from serving.admission import DecodeBudget, image_cost
-from serving.client import CaptionClient, CaptionError
+from serving.limits import admission
+from serving.limits.admission import DecodeBudget, image_cost
+from serving.client.caption_client import CaptionClient, CaptionError
 from serving.errors import ServingError
-from serving.flags import DEFAULTS, build_parser
+from serving.server.flags import DEFAULTS, build_parser
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image
 
@@ -158,7 +158,7 @@ def test_json_bodies_count_against_the_budget(make_base, start_server):  # noqa:
 def test_counts_come_from_the_shape_before_any_tensor_exists():
     from tensorflow.core.framework import tensor_pb2, types_pb2
 
-    from serving.predictor import check_counts
+    from serving.server.predictor import check_counts
     from serving.tensors import tensor_shape
 
     proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[b"x"])

@@ -7,9 +7,9 @@ import grpc
 import numpy as np
 import pytest
 
-from serving.batch_scheduler import BatchScheduler
-from serving.batching_parameters import BatchingParameters
-from serving.client import CaptionClient, CaptionError
+from serving.versions.batch_scheduler import BatchScheduler
+from serving.versions.batching_parameters import BatchingParameters
+from serving.client.caption_client import CaptionClient, CaptionError
 from serving.errors import ServingError, invalid_argument
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import expected_caption, solid_image

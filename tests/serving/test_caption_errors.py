@@ -6,7 +6,7 @@ import threading
 import grpc
 import pytest
 
-from serving.client import CaptionError, caption_main, is_http1_peer
+from serving.client.caption_client import CaptionError, caption_main, is_http1_peer
 
 
 @pytest.fixture

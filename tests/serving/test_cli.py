@@ -1,4 +1,4 @@
-"""`captioner serve` (serving.server.main) and `captioner caption` (serving.client.caption_main)."""
+"""`captioner serve` (serving.server.model_server.main) and `captioner caption` (serving.client.caption_client.caption_main)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ import threading
 import pytest
 from PIL import Image
 
-from serving.client import CaptionClient, caption_main
-from serving.server import build_parser, _batching_from_args
+from serving.client.caption_client import CaptionClient, caption_main
+from serving.server.model_server import build_parser, _batching_from_args
 from tests.serving.conftest import BLUE, RED
 from tests.serving.fixtures import expected_caption, solid_image, stop_process
 
@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_serve_main_prints_ports_serves_and_stops_on_sigterm(make_base):
     base = make_base({1: "image"})
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", "--model-base-path", base, "--port", "0",
+        [sys.executable, "-m", "serving.server.model_server", "--model-base-path", base, "--port", "0",
          "--rest-port", "0", "--poll-seconds", "0.5", "--enable-batching",
          "--max-batch-size", "4", "--batch-timeout-micros", "1000"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -57,7 +57,7 @@ def test_serve_arguments():
     params = _batching_from_args(args)
     assert params.max_batch_size == 8
     assert _batching_from_args(parser.parse_args(["--model-base-path", "/m"])) is None
-    from serving.server import main
+    from serving.server.model_server import main
     with pytest.raises(SystemExit):
         main(["--port", "0"])  # neither a base path nor a config file
     with pytest.raises(SystemExit):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from serving.attention_figure import save_attention_figure, upsample_attention
-from serving.client import CaptionClient, CaptionError
+from serving.client.attention_figure import save_attention_figure, upsample_attention
+from serving.client.caption_client import CaptionClient, CaptionError
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 

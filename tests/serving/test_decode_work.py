@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from serving.decode_work import MIN_PASS_WORK, DecodeWorkError, check_work, estimate
-from serving.flags import DEFAULTS
-from serving.image_headers import ImageHeaderError, probe_image
+from serving.limits.decode_work import MIN_PASS_WORK, DecodeWorkError, check_work, estimate
+from serving.server.flags import DEFAULTS
+from serving.limits.image_headers import ImageHeaderError, probe_image
 from tests.serving.fixtures import solid_image
 from tests.serving.hostile_images import (animated_webp, interlaced_png, jpeg, many_frame_gif,
                                           repeated_scan_jpeg, scans_of, tiny_frame_gif)
@@ -140,7 +140,7 @@ def test_gif_and_webp_frames():
 
 
 def test_frame_walks_stop_at_max_frames():
-    from serving.image_headers import MAX_FRAMES
+    from serving.limits.image_headers import MAX_FRAMES
     assert MAX_FRAMES * MIN_PASS_WORK > DEFAULTS.max_decode_work  # refused anyway by default
     with pytest.raises(ImageHeaderError, match=f"GIF with more than {MAX_FRAMES} frames"):
         probe_image(tiny_frame_gif(1_000_000))  # 15 MB

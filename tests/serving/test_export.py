@@ -10,7 +10,7 @@ from PIL import Image
 
 from models.decoding import beam_search
 from models.image_ops import decode_batch
-from serving.export import SIGNATURES, WARMUP_FILE, Decoding, export_saved_model
+from serving.signature.export import SIGNATURES, WARMUP_FILE, Decoding, export_saved_model
 from tests.models.tiny import make_model
 
 IMAGE_SIZE = 16

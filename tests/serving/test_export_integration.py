@@ -1,11 +1,11 @@
-"""The real export (serving/export.py) served by ModelServer: contract, warmup, batching."""
+"""The real export (serving/signature/export.py) served by ModelServer: contract, warmup, batching."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from serving.batching_parameters import BatchingParameters
-from serving.client import CaptionClient
+from serving.versions.batching_parameters import BatchingParameters
+from serving.client.caption_client import CaptionClient
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import solid_image
 
@@ -14,7 +14,7 @@ from tests.serving.fixtures import solid_image
 def exported(tmp_path_factory):
     """A tiny exported captioner (random weights) as version 1."""
     import keras
-    from serving.export import Decoding, export_saved_model
+    from serving.signature.export import Decoding, export_saved_model
     from tests.models.tiny import VOCAB, make_model
 
     inputs = keras.Input((16, 16, 3))

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from serving.client import CaptionClient
-from serving.flags import TF_SERVING_REFUSED, TF_SERVING_SUPPORTED, build_parser, refused_flag
-from serving.server import main
+from serving.client.caption_client import CaptionClient
+from serving.server.flags import TF_SERVING_REFUSED, TF_SERVING_SUPPORTED, build_parser, refused_flag
+from serving.server.model_server import main
 from tests.serving.conftest import RED
 from tests.serving.fixtures import (expected_caption, publish_version, rest_call, solid_image,
                                     stop_process)
@@ -129,7 +129,7 @@ def test_the_docs_docker_command_line_runs_unchanged(tmp_path, model_store):
     grpc_port, rest_port = _free_port(), _free_port()
     args = [f.replace("$SERVING_DIR", str(serving_dir)).replace("=8500", f"={grpc_port}")
             .replace("=8501", f"={rest_port}") for f in flags]
-    process = subprocess.Popen([sys.executable, "-m", "serving.server", *args], cwd=REPO,
+    process = subprocess.Popen([sys.executable, "-m", "serving.server.model_server", *args], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         found = {}

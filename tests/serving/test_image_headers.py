@@ -8,7 +8,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from serving.image_headers import ImageHeaderError, check_pixels, probe_image
+from serving.limits.image_headers import ImageHeaderError, check_pixels, probe_image
 
 
 def encode(size, fmt, mode="RGB", **kwargs) -> bytes:

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from serving.infra_validator import check_ops, graph_ops, validate
+from serving.server.infra_validator import check_ops, graph_ops, validate
 from tests.serving.conftest import BLUE, RED
 from tests.serving.fixtures import solid_image, write_warmup_requests
 

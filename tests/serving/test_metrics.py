@@ -8,8 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.batching_parameters import BatchingParameters
-from serving.metrics import (DEFAULT_PATH, LATENCY_BUCKETS, QUEUING_LATENCY, REQUEST_COUNT,
+from serving.versions.batching_parameters import BatchingParameters
+from serving.server.metrics import (DEFAULT_PATH, LATENCY_BUCKETS, QUEUING_LATENCY, REQUEST_COUNT,
                              REQUEST_LATENCY, RUNTIME_LATENCY, WRAPPED_RUN_COUNT,
                              ServingMetrics, read_monitoring_config)
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently

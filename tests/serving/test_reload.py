@@ -6,7 +6,7 @@ import pytest
 from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.client import CaptionClient
+from serving.client.caption_client import CaptionClient
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 

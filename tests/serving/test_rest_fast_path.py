@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.predictor import INLINE_MAX_WORK, Predictor, RequestLimits
-from serving.servable import Servable
+from serving.server.predictor import INLINE_MAX_WORK, Predictor, RequestLimits
+from serving.versions.servable import Servable
 from tests.serving.conftest import BLUE, RED
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image
 
@@ -107,7 +107,7 @@ def test_may_run_inline_only_unbatched_cheap_light_requests():
 
 
 def test_thread_spinning_auto_is_off_only_on_small_hosts():
-    from serving.server import thread_spinning_off
+    from serving.server.model_server import thread_spinning_off
     assert thread_spinning_off("auto", cpus=1) and thread_spinning_off("auto", cpus=2)
     assert not thread_spinning_off("auto", cpus=3)
     assert thread_spinning_off("off", cpus=64) and not thread_spinning_off("on", cpus=1)
@@ -118,7 +118,7 @@ def test_thread_spinning_flag_reaches_the_eager_config(flag, expected):
     from tests.serving.conftest import fresh_process_words
     code = ("import tensorflow as tf\n"
             "from tensorflow.python.eager import context\n"
-            "from serving.server import _set_tf_threads\n"
+            "from serving.server.model_server import _set_tf_threads\n"
             f"_set_tf_threads(1, 0, {flag!r})\n"
             "tf.constant(1.0) + 1.0\n"
             "config = context.context().config\n"

@@ -1,4 +1,4 @@
-"""serving/rest_json.py: the C-speed path for numbers gives exactly what the walk gives."""
+"""serving/server/rest_json.py: the C-speed path for numbers gives exactly what the walk gives."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving import rest_json
+from serving.server import rest_json
 from serving.errors import ServingError
 
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.int32, tf.int64, tf.int8, tf.uint8]

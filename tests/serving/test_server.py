@@ -13,8 +13,8 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      get_model_status_pb2, model_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
-from serving.client import CaptionClient, CaptionError
-from serving.server import ModelServer
+from serving.client.caption_client import CaptionClient, CaptionError
+from serving.server.model_server import ModelServer
 from serving.tensors import ndarray_to_tensor_proto
 from tests.serving.conftest import BLUE, GREEN, RED
 from tests.serving.fixtures import (b64, expected_caption, publish_version, rest_call,
@@ -412,7 +412,7 @@ def test_a_value_beyond_float32_over_grpc_double_val_is_refused(stub):
 
 
 def test_non_finite_outputs_never_reach_a_json_body():
-    from serving import rest_json
+    from serving.server import rest_json
     from serving.errors import ServingError
     outputs = {"caption": np.array([b"a"], dtype=object), "score": np.array([np.nan], np.float32)}
     with pytest.raises(ServingError, match="score") as info:

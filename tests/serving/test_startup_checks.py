@@ -3,8 +3,8 @@ import socket
 
 import pytest
 
-from serving import startup_checks
-from serving.server import main
+from serving.server import startup_checks
+from serving.server.model_server import main
 
 
 def test_missing_path_stops_the_start(tmp_path, capsys):
@@ -55,8 +55,8 @@ def test_port_in_use_is_named_before_loading(tmp_path, capsys):
 
 
 def test_serve_and_caption_help_show_defaults():
-    from serving.client import _parser
-    from serving.flags import build_parser
+    from serving.client.caption_client import _parser
+    from serving.server.flags import build_parser
     serve_help = " ".join(build_parser().format_help().split())
     for text in ("--port PORT gRPC port (0: any free) (default: 8500)",
                  "--max_num_load_retries MAX_LOAD_RETRIES (default: 5)"):

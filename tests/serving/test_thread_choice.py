@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from serving.export import EXPORT_RECORD
-from serving.thread_choice import SMALL_ENCODER_GFLOPS, choose_intra_op, newest_encoder_gflops
+from serving.signature.export import EXPORT_RECORD
+from serving.server.thread_choice import SMALL_ENCODER_GFLOPS, choose_intra_op, newest_encoder_gflops
 from tests.serving.conftest import fresh_process_words
 
 
@@ -82,8 +82,8 @@ def test_the_server_reads_the_cost_before_tensorflow_starts_and_sets_one_thread(
         "import argparse\n"
         "import tensorflow as tf\n"
         "from tensorflow.python.eager import context\n"
-        "from serving.server import _model_base_paths, _set_tf_threads\n"
-        "from serving.thread_choice import choose_intra_op\n"
+        "from serving.server.model_server import _model_base_paths, _set_tf_threads\n"
+        "from serving.server.thread_choice import choose_intra_op\n"
         f"args = argparse.Namespace(model_base_path=None, model_config_file={str(config)!r})\n"
         "paths = _model_base_paths(args)\n"
         "choice = choose_intra_op(None, paths)\n"
@@ -96,7 +96,7 @@ def test_the_server_reads_the_cost_before_tensorflow_starts_and_sets_one_thread(
 
 
 def test_the_flag_is_unset_by_default_and_zero_when_given_zero():
-    from serving.flags import build_parser
+    from serving.server.flags import build_parser
     parser = build_parser()
     assert parser.parse_args(["--model-base-path", "m"]).intra_op is None
     assert parser.parse_args(["--model-base-path", "m",

@@ -10,7 +10,7 @@ import urllib.request
 import grpc
 import pytest
 
-from serving.client import CaptionClient, CaptionError
+from serving.client.caption_client import CaptionClient, CaptionError
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 
@@ -62,7 +62,7 @@ def test_tls_grpc_and_rest(make_base, start_server, tmp_path):
 
 def _ssl_config_file(tmp_path, cert: str, key: str, client_verify: bool) -> str:
     """A TF Serving `--ssl_config_file` (SSLConfig text: PEM contents, not paths)."""
-    from serving.config_protos import SSLConfig
+    from serving.server.config_protos import SSLConfig
     config = SSLConfig(server_key=open(key).read(), server_cert=open(cert).read(),
                        custom_ca=open(cert).read() if client_verify else "",
                        client_verify=client_verify)
@@ -72,7 +72,7 @@ def _ssl_config_file(tmp_path, cert: str, key: str, client_verify: bool) -> str:
 
 
 def test_ssl_config_file_secures_grpc_and_leaves_rest_plain(make_base, start_server, tmp_path):
-    from serving.config_protos import SSLConfig, parse_text_file
+    from serving.server.config_protos import SSLConfig, parse_text_file
     cert, key = self_signed(tmp_path)
     config = parse_text_file(_ssl_config_file(tmp_path, cert, key, False), SSLConfig)
     server = start_server(make_base({1: "image"}), ssl_config=config)
@@ -85,7 +85,7 @@ def test_ssl_config_file_secures_grpc_and_leaves_rest_plain(make_base, start_ser
 
 def test_ssl_config_client_verify_requires_a_client_certificate(make_base, start_server,
                                                                 tmp_path):
-    from serving.config_protos import SSLConfig, parse_text_file
+    from serving.server.config_protos import SSLConfig, parse_text_file
     from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
     cert, key = self_signed(tmp_path)
     config = parse_text_file(_ssl_config_file(tmp_path, cert, key, True), SSLConfig)

@@ -1,4 +1,4 @@
-"""`/ui/` on the REST port (serving/ui_files.py): off by default, the page's files, its JSON."""
+"""`/ui/` on the REST port (serving/ui/routes.py): off by default, the page's files, its JSON."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import urllib.request
 
 import pytest
 
-from serving.flags import build_parser
-from serving.predictor import Predictor
-from serving.rest import RestServer
-from serving.ui_files import UI_DIR, UiFiles
+from serving.server.flags import build_parser
+from serving.server.predictor import Predictor
+from serving.server.rest import RestServer
+from serving.ui.routes import UI_DIR, UiFiles
 
 
 class _Servable:

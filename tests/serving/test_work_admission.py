@@ -14,12 +14,12 @@ import grpc
 import numpy as np
 import pytest
 
-from serving.client import CaptionClient, CaptionError
-from serving.decode_work import check_work
+from serving.client.caption_client import CaptionClient, CaptionError
+from serving.limits.decode_work import check_work
 from serving.errors import ServingError
-from serving.flags import DEFAULTS, build_parser
-from serving.image_headers import probe_image
-from serving.work_admission import WorkScheduler, default_lanes, mark_pool, request_work
+from serving.server.flags import DEFAULTS, build_parser
+from serving.limits.image_headers import probe_image
+from serving.limits.work_admission import WorkScheduler, default_lanes, mark_pool, request_work
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image
 from tests.serving.hostile_images import jpeg, repeated_scan_jpeg
@@ -240,7 +240,7 @@ def test_request_work_sums_images_and_names_the_one_over():
 
 
 def test_a_repeated_image_object_is_walked_once(monkeypatch):
-    from serving import work_admission
+    from serving.limits import work_admission
     calls = []
 
     def counting(*args, **kwargs):

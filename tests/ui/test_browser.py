@@ -25,7 +25,7 @@ from PIL import Image
 
 import tensorflow as tf
 
-from serving.attention_figure import upsample_attention
+from serving.client.attention_figure import upsample_attention
 from tests.serving.fixtures import FixtureCaptioner, build_fixture_model
 
 pytestmark = pytest.mark.slow

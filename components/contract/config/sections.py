@@ -200,7 +200,7 @@ class PushConfig:
 class ServeConfig:
     """`captioner serve --config NAME` settings (each becomes the flag of that name).
 
-    The defaults equal the server's own (`serving/flags.py`), which apply
+    The defaults equal the server's own (`serving/server/flags.py`), which apply
     when no `--config` is given; flags on the command line override these.
     """
     host: str = "127.0.0.1"            # bind address (loopback unless told otherwise)

@@ -120,13 +120,16 @@ class _Interrupted(Exception):
 
 
 def test_interrupted_scst_resumes_from_its_checkpoint(source, tmp_path, capfd, monkeypatch):
-    end_epoch = scst.ScstLoop._end_epoch
+    from components.trainer.loop import TrainingLoop
+    end_epoch = TrainingLoop._end_epoch
 
     def end_then_die(self, epoch, epoch_start):
-        end_epoch(self, epoch, epoch_start)      # validates and checkpoints the epoch
-        raise _Interrupted
+        reason = end_epoch(self, epoch, epoch_start)   # validates and checkpoints the epoch
+        if self.phase.name == scst.PHASE_DIR:          # the SCST phase's first epoch
+            raise _Interrupted
+        return reason
 
-    monkeypatch.setattr(scst.ScstLoop, "_end_epoch", end_then_die)
+    monkeypatch.setattr(TrainingLoop, "_end_epoch", end_then_die)
     with pytest.raises(_Interrupted):
         trainer.run(_ctx(source, str(tmp_path), _config(**SCST)))
     monkeypatch.undo()

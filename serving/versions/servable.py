@@ -18,11 +18,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from serving.admission import image_cost
-from serving.batch_scheduler import BatchScheduler
-from serving.batching_parameters import BatchingParameters
+from serving.limits.admission import image_cost
+from serving.versions.batch_scheduler import BatchScheduler
+from serving.versions.batching_parameters import BatchingParameters
 from serving.errors import ServingError, failed_precondition, from_tf_error, internal, invalid_argument
-from serving.image_headers import ImageHeaderError, check_pixels
+from serving.limits.image_headers import ImageHeaderError, check_pixels
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class Servable:
         Returns:
           The images (string elements), the pixels their headers say the
           decoder will allocate, and the estimated peak bytes of the run
-          (`serving.admission`), all known before anything is decoded.
+          (`serving.limits.admission`), all known before anything is decoded.
         """
         self.check_input_names(signature, inputs)
         images = pixels = cost = 0

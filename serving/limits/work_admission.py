@@ -6,7 +6,7 @@ decode, as many threads as cores by default. When expensive decodes occupy
 every thread, every other request's ops queue behind them: four 40-second
 JPEGs stalled a 10 ms request for 41-48 s. So, before a signature runs:
 
-1. **Per image**: its decode work (pixel-passes, `serving/decode_work.py`)
+1. **Per image**: its decode work (pixel-passes, `serving/limits/decode_work.py`)
    may not exceed `--max-decode-work`: INVALID_ARGUMENT, naming the cause.
 2. **Per request**: all its images together may not exceed the server's
    decode-work budget (`--decode-work-budget`): INVALID_ARGUMENT, since it
@@ -39,10 +39,10 @@ from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
-from serving.admission import resource_exhausted
-from serving.decode_work import check_work
+from serving.limits.admission import resource_exhausted
+from serving.limits.decode_work import check_work
 from serving.errors import ServingError, invalid_argument
-from serving.image_headers import ImageHeaderError, ImageInfo, probe_image
+from serving.limits.image_headers import ImageHeaderError, ImageInfo, probe_image
 
 # Requests with at most this fraction of --max-decode-work never wait.
 LIGHT_FRACTION = 16

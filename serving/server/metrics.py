@@ -184,7 +184,7 @@ def read_monitoring_config(path: str) -> Tuple[bool, str]:
     Raises:
       ValueError: unreadable or unparsable file, or a path not starting with '/'.
     """
-    from serving.config_protos import MonitoringConfig, parse_text_file
+    from serving.server.config_protos import MonitoringConfig, parse_text_file
 
     prometheus = parse_text_file(path, MonitoringConfig).prometheus_config
     url_path = prometheus.path or DEFAULT_PATH

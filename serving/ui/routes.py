@@ -30,9 +30,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import unquote
 
 from serving.errors import ServingError
-from serving.export import EXPORT_RECORD
+from serving.signature.export import EXPORT_RECORD
 
-UI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ui")
+UI_DIR = os.path.dirname(os.path.abspath(__file__))
 PREFIX = "/ui"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}

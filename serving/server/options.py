@@ -5,9 +5,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from serving.batching_parameters import BatchingParameters
-from serving.flags import DEFAULTS, batching_from_args
-from serving.model_config import VersionPolicy
+from serving.versions.batching_parameters import BatchingParameters
+from serving.server.flags import DEFAULTS, batching_from_args
+from serving.versions.model_config import VersionPolicy
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,13 @@ class ServerOptions:
       max_request_pixels: most decoded pixels of all images of one request;
         0: no limit.
       decode_memory_budget_mb: MiB that requests in progress may need
-        together (estimated before decoding, `serving/admission.py`); a
+        together (estimated before decoding, `serving/limits/admission.py`); a
         request that does not fit gets RESOURCE_EXHAUSTED (REST 429); 0: no
         budget.
       max_decode_work: most decode work (pixel-passes) of one image
-        (`serving/decode_work.py`); 0: no limit.
+        (`serving/limits/decode_work.py`); 0: no limit.
       decode_work_budget: pixel-passes that expensive requests in progress
-        may hold together (`serving/work_admission.py`); None: twice
+        may hold together (`serving/limits/work_admission.py`); None: twice
         `max_decode_work`; 0: no CPU admission.
       decode_lanes: expensive requests decoding at once; None: TensorFlow's
         inter-op threads less one.
@@ -54,12 +54,12 @@ class ServerOptions:
       allow_version_labels_for_unavailable_models: TF Serving's flag of that
         name, for HandleReloadConfigRequest.
       max_load_retries: load attempts after a version's first failure.
-      ssl_config: a TF Serving `SSLConfig` (serving/config_protos.py): TLS
+      ssl_config: a TF Serving `SSLConfig` (serving/server/config_protos.py): TLS
         on the gRPC port from PEM text, client certificates checked against
         `custom_ca` when `client_verify`; REST stays plain, as in TF Serving.
       health_service: register `grpc.health.v1.Health`.
       ui: serve the attention explorer page at `/ui/` on the REST port
-        (`serving/ui_files.py`).
+        (`serving/ui/routes.py`).
     """
     model_config_file: Optional[str] = None
     host: str = DEFAULTS.host
@@ -124,7 +124,7 @@ def options_from_args(args) -> ServerOptions:
     batching = batching_from_args(args)
     metrics_path = None
     if args.monitoring_config_file:
-        from serving.metrics import read_monitoring_config
+        from serving.server.metrics import read_monitoring_config
         enabled, path = read_monitoring_config(args.monitoring_config_file)
         metrics_path = path if enabled else None
         if enabled and args.rest_port < 0:
@@ -132,7 +132,7 @@ def options_from_args(args) -> ServerOptions:
                              "set --rest_api_port")
     ssl_config = None
     if args.ssl_config_file:
-        from serving.config_protos import SSLConfig, parse_text_file
+        from serving.server.config_protos import SSLConfig, parse_text_file
         ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
     return ServerOptions(
         model_config_file=args.model_config_file, host=args.host, port=args.port,

@@ -25,7 +25,7 @@ import orjson
 import tensorflow as tf
 
 from serving.errors import ServingError, internal, invalid_argument
-from serving.predictor import check_counts
+from serving.server.predictor import check_counts
 
 MAX_JSON_RANK = 64  # numpy's limit on dimensions; deeper JSON lists are the client's fault
 # Bodies larger than this that cannot start a JSON object are refused

@@ -14,8 +14,8 @@ Serving uses for the gRPC code (400 invalid argument or failed
 precondition, 404 not found, 501 unimplemented, ...); a body over
 `max_request_bytes` gets 413, as libevent (TF Serving's HTTP layer) answers.
 
-The modules under it: `serving/rest_http.py` (the socket, HTTP/1.1
-framing by h11 through uvicorn, head limits) and `serving/rest_json.py`
+The modules under it: `serving/server/rest_http.py` (the socket, HTTP/1.1
+framing by h11 through uvicorn, head limits) and `serving/server/rest_json.py`
 (the JSON formats). On top of h11, a request carrying both
 `Transfer-Encoding` and `Content-Length` is refused (400), and so are
 chunked bodies (411). Every error, framing errors included, is answered in
@@ -47,17 +47,17 @@ import uvicorn
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, model_pb2
 
-from serving import rest_json
-from serving.admission import JSON_BYTES_PER_BODY_BYTE
+from serving.server import rest_json
+from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
 from serving.errors import ServingError, invalid_argument
-from serving.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from serving.metrics import ServingMetrics
-from serving.predictor import SIGNATURE_DEF, Predictor, RunElsewhere, output_aliases
-from serving.rest_http import (IDLE_SECONDS, MAX_HEAD_BYTES, Disconnected, HTTPError,
+from serving.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from serving.server.metrics import ServingMetrics
+from serving.server.predictor import SIGNATURE_DEF, Predictor, RunElsewhere, output_aliases
+from serving.server.rest_http import (IDLE_SECONDS, MAX_HEAD_BYTES, Disconnected, HTTPError,
                                StrictH11Protocol, bind_socket, check_head, respond)
-from serving.servable import DEFAULT_SIGNATURE
-from serving.ui_files import UiFiles, is_ui_path
-from serving.work_admission import mark_pool
+from serving.versions.servable import DEFAULT_SIGNATURE
+from serving.ui.routes import UiFiles, is_ui_path
+from serving.limits.work_admission import mark_pool
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class RestServer:
                                             initializer=mark_pool, initargs=("rest", threads))
         app = _RestApp(predictor, options.max_request_bytes, self._executor, metrics,
                        options.metrics_path)
-        app.ui = ui  # `captioner serve --ui`: the page at /ui/ (serving/ui_files.py)
+        app.ui = ui  # `captioner serve --ui`: the page at /ui/ (serving/ui/routes.py)
         self.app = app
         # proxy_headers off: nothing here reads the client address, so no
         # per-request middleware rewrites it from X-Forwarded-For.

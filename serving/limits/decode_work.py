@@ -38,7 +38,7 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-from serving.image_headers import ImageHeaderError, ImageInfo
+from serving.limits.image_headers import ImageHeaderError, ImageInfo
 
 # A scan or frame costs the decoder a fixed amount (markers, tables,
 # buffers) on any image, and costs `_jpeg` below about 1 us to walk: each

@@ -4,9 +4,9 @@ Checks happen in TF Serving's order, with its status codes: model and
 version (NOT_FOUND), signature (FAILED_PRECONDITION), input names, dtypes,
 tensor parsing, output filter (INVALID_ARGUMENT); then shapes and image
 headers, then the request-wide limits (images, pixels), the decode work of
-each image and of the request (`serving/work_admission.py`), then the run:
+each image and of the request (`serving/limits/work_admission.py`), then the run:
 admitted by its decode work (it may wait for CPU, up to its deadline) and
-by the decode-memory budget (`serving/admission.py`). TensorFlow errors
+by the decode-memory budget (`serving/limits/admission.py`). TensorFlow errors
 keep their code. Counts are read from tensor shapes before any tensor is
 materialized: TensorProto's padding rule lets one string fill any shape.
 """
@@ -22,11 +22,11 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2)
 from tensorflow_serving.apis import status_pb2
 
-from serving.admission import DecodeBudget
+from serving.limits.admission import DecodeBudget
 from serving.errors import invalid_argument
-from serving.model_manager import ModelManager
-from serving.servable import Servable, Signature
-from serving.work_admission import LIGHT_FRACTION, WorkScheduler, request_work
+from serving.versions.model_manager import ModelManager
+from serving.versions.servable import Servable, Signature
+from serving.limits.work_admission import LIGHT_FRACTION, WorkScheduler, request_work
 from serving.tensors import (DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray,
                              tensor_shape)
 from serving.tensors import ndarray_to_tensor_proto
@@ -35,7 +35,7 @@ SIGNATURE_DEF = "signature_def"
 Arrays = Dict[str, np.ndarray]
 # Most decode work of a request that the REST event loop may run itself
 # (`Predictor.run(..., inline=True)`): about a 2.7 Mpx baseline colour JPEG,
-# at most ~25 ms of decoding (6 ns per pixel-pass, serving/decode_work.py).
+# at most ~25 ms of decoding (6 ns per pixel-pass, serving/limits/decode_work.py).
 INLINE_MAX_WORK = 1 << 22
 
 
@@ -56,7 +56,7 @@ class RequestLimits:
         (images) in all inputs together, of one request; 0: no limit.
       max_request_pixels: most decoded pixels (as image headers state them)
         of all images of one request together; 0: no limit.
-      max_decode_work: most decode work (pixel-passes, `serving/decode_work.py`)
+      max_decode_work: most decode work (pixel-passes, `serving/limits/decode_work.py`)
         of one image; 0: no limit.
       decode_work_budget: pixel-passes that expensive requests in progress
         may hold together, and the most one request may need; None: twice

@@ -20,7 +20,7 @@ work):
    every output has the request's batch size as dimension 0.
 
 The report records the ops used and the TensorFlow version that wrote the
-model. Run alone: `python -m serving.infra_validator VERSION_DIR`.
+model. Run alone: `python -m serving.server.infra_validator VERSION_DIR`.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def validate(version_dir: str, timeout: float = 600.0) -> Dict[str, Any]:
       `signatures`, `warmup_requests` (how many ran).
     """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    command = [sys.executable, "-m", "serving.infra_validator", os.path.abspath(version_dir)]
+    command = [sys.executable, "-m", "serving.server.infra_validator", os.path.abspath(version_dir)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
                               cwd=_repo_root())
@@ -70,7 +70,7 @@ def validate(version_dir: str, timeout: float = 600.0) -> Dict[str, Any]:
 
 def _repo_root() -> str:
     """The folder `serving` is imported from, so the child imports the same code."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _failed(reason: str) -> Dict[str, Any]:
@@ -187,10 +187,10 @@ def _first_line(error: Exception) -> str:
 
 
 def main(argv=None) -> int:
-    """`python -m serving.infra_validator VERSION_DIR`: prints the report as one JSON line."""
+    """`python -m serving.server.infra_validator VERSION_DIR`: prints the report as one JSON line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 1:
-        print("usage: python -m serving.infra_validator VERSION_DIR", file=sys.stderr)
+        print("usage: python -m serving.server.infra_validator VERSION_DIR", file=sys.stderr)
         return 2
     report = check(argv[0])
     print(json.dumps(report), flush=True)

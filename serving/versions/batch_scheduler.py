@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional
 import grpc
 import numpy as np
 
-from serving.batching_parameters import BatchingParameters
+from serving.versions.batching_parameters import BatchingParameters
 from serving.errors import ServingError, internal, unavailable
 
 log = logging.getLogger(__name__)

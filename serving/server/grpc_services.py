@@ -15,9 +15,9 @@ from tensorflow_serving.apis import (model_management_pb2, model_service_pb2,
                                      prediction_service_pb2_grpc)
 
 from serving.errors import ServingError
-from serving.metrics import ServingMetrics
-from serving.predictor import Predictor
-from serving.work_admission import grpc_deadline
+from serving.server.metrics import ServingMetrics
+from serving.server.predictor import Predictor
+from serving.limits.work_admission import grpc_deadline
 
 log = logging.getLogger(__name__)
 

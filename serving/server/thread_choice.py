@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from serving.export import EXPORT_RECORD
+from serving.signature.export import EXPORT_RECORD
 
 # Encoders up to this many GFLOPs per image are served with one thread per op.
 SMALL_ENCODER_GFLOPS = 1.0

@@ -14,13 +14,13 @@ into flags placed before the user's, so the user's win.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
-from serving.batching_parameters import BatchingParameters
-from serving.thread_choice import SMALL_ENCODER_GFLOPS
+from serving.cli_help import DefaultsHelpFormatter, parse_bool
+from serving.versions.batching_parameters import BatchingParameters
+from serving.server.thread_choice import SMALL_ENCODER_GFLOPS
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ServeDefaults:
     max_images_per_request: int = 1000
     max_request_pixels: int = 80_000_000
     decode_memory_budget_mb: int = 2048
-    # Pixel-passes (serving/decode_work.py): twice a 40 Mpx progressive CMYK
+    # Pixel-passes (serving/limits/decode_work.py): twice a 40 Mpx progressive CMYK
     # JPEG's 0.96 G, the most any common encoder writes at the pixel limit.
     max_decode_work: int = 2_000_000_000
     max_threads: int = 64
@@ -66,7 +66,7 @@ TF_SERVING_SUPPORTED: Dict[str, str] = {
     "grpc_max_threads": "gRPC requests handled at once",
     "max_num_load_retries": "load attempts after a version's first failure (default 5)",
     "tensorflow_intra_op_parallelism": "threads within one op (0: TensorFlow's choice; unset: "
-                                       "1 for small encoders, serving/thread_choice.py)",
+                                       "1 for small encoders, serving/server/thread_choice.py)",
     "tensorflow_inter_op_parallelism": "ops run at once (0: TensorFlow's choice)",
     "enable_grpc_healthcheck_service": "grpc.health.v1 service (default true here; "
                                        "TF Serving: false)",
@@ -106,16 +106,6 @@ TF_SERVING_REFUSED: Dict[str, str] = {
 }
 
 
-def parse_bool(text: str) -> bool:
-    """TF's flag syntax for booleans: true/false/1/0."""
-    value = text.strip().lower()
-    if value in ("true", "1", "yes"):
-        return True
-    if value in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def refused_flag(argv: Sequence[str]) -> Optional[str]:
     """The error message for the first TF Serving flag in `argv` that is not implemented."""
     for arg in argv:
@@ -135,27 +125,6 @@ class _RestApiPort(argparse.Action):
 
     def __call__(self, parser, namespace, value, option_string=None):
         setattr(namespace, self.dest, -1 if value == 0 else value)
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """`--help` shows every flag's default (unless its help already names it)."""
-
-    @staticmethod
-    def _shows_default(action) -> bool:
-        return bool(action.option_strings) and action.default not in (None, argparse.SUPPRESS) \
-            and not (action.nargs == 0 and action.default is False)  # on/off switches
-
-    def _format_action(self, action):
-        if not action.help and self._shows_default(action):  # argparse skips empty help
-            action = copy.copy(action)
-            action.help = "(default: %(default)s)"
-        return super()._format_action(action)
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or not self._shows_default(action):
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 # --tf-thread-spinning=auto turns spinning off on hosts with at most this many CPUs.
@@ -181,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
              "every model's export records an encoder of at most "
              f"{SMALL_ENCODER_GFLOPS:g} GFLOPs per image, where handing small ops to pool "
              "threads costs more than it gains, else TensorFlow's choice "
-             "(serving/thread_choice.py)")
+             "(serving/server/thread_choice.py)")
     tf_group.add_argument("--tensorflow_inter_op_parallelism", dest="inter_op", type=int,
                           default=0)
     tf_group.add_argument(

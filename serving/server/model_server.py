@@ -11,17 +11,17 @@ TF Serving works unchanged against it:
   `tensorflow.serving.ModelService`: GetModelStatus and
   HandleReloadConfigRequest; plus standard health checking
   (`grpc.health.v1.Health`) and server reflection;
-- REST on a second port (`serving/rest.py`), with TF Serving's Prometheus
-  metrics there when asked for (`serving/metrics.py`);
+- REST on a second port (`serving/server/rest.py`), with TF Serving's Prometheus
+  metrics there when asked for (`serving/server/metrics.py`);
 - version watching, warmup and availability-preserving swaps
-  (`serving/model_manager.py`), optional dynamic batching
-  (`serving/batch_scheduler.py`), image pixel limits checked from headers
-  (`serving/image_headers.py`), per-request image and pixel limits and a
-  server-wide decode-memory budget (`serving/admission.py`), decode-work
-  limits and CPU admission with deadlines (`serving/work_admission.py`), TLS
+  (`serving/versions/model_manager.py`), optional dynamic batching
+  (`serving/versions/batch_scheduler.py`), image pixel limits checked from headers
+  (`serving/limits/image_headers.py`), per-request image and pixel limits and a
+  server-wide decode-memory budget (`serving/limits/admission.py`), decode-work
+  limits and CPU admission with deadlines (`serving/limits/work_admission.py`), TLS
   on both ports.
 
-Command line (`captioner serve` calls `main`; flags in `serving/flags.py`,
+Command line (`captioner serve` calls `main`; flags in `serving/server/flags.py`,
 tensorflow_model_server's included):
 
     captioner serve --model-base-path /srv/serving/captioner --port 8500 --rest-port 8501
@@ -45,21 +45,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from serving import flags
-from serving.admission import DecodeBudget
+from serving.server import flags
+from serving.limits.admission import DecodeBudget
 from serving.errors import invalid_argument
-from serving.flags import build_parser  # noqa: F401  (the `captioner serve` parser)
-from serving.flags import batching_from_args as _batching_from_args  # noqa: F401
-from serving.grpc_services import (MODEL_SERVICE, PREDICTION_SERVICE, ModelServicer,
+from serving.server.flags import build_parser  # noqa: F401  (the `captioner serve` parser)
+from serving.server.flags import batching_from_args as _batching_from_args  # noqa: F401
+from serving.server.grpc_services import (MODEL_SERVICE, PREDICTION_SERVICE, ModelServicer,
                                    PredictionServicer)
-from serving.metrics import ServingMetrics
-from serving.model_manager import LoadOptions, ModelManager, ModelSource, sources_from_config
-from serving.predictor import Predictor, RequestLimits
-from serving.rest import RestOptions, RestServer
-from serving.server_options import ServerOptions, options_from_args
-from serving.thread_choice import choose_intra_op
-from serving.ui_files import UiFiles
-from serving.work_admission import mark_pool
+from serving.server.metrics import ServingMetrics
+from serving.versions.model_manager import LoadOptions, ModelManager, ModelSource, sources_from_config
+from serving.server.predictor import Predictor, RequestLimits
+from serving.server.rest import RestOptions, RestServer
+from serving.server.options import ServerOptions, options_from_args
+from serving.server.thread_choice import choose_intra_op
+from serving.ui.routes import UiFiles
+from serving.limits.work_admission import mark_pool
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class ModelServer:
     Args:
       model_base_path: folder holding integer version folders.
       model_name: the name requests use for that model.
-      options: every other setting (`serving/server_options.py`).
+      options: every other setting (`serving/server/options.py`).
       **settings: fields of `ServerOptions`, replacing those of `options`.
     Raises:
       ValueError: conflicting settings (see `ServerOptions.checked`).
@@ -348,7 +348,7 @@ def _model_base_paths(args) -> list:
     read: ModelServer reports that)."""
     if args.model_base_path:
         return [args.model_base_path]
-    from serving.model_config import read_model_config
+    from serving.versions.model_config import read_model_config
     try:
         return [source.base_path for source in read_model_config(args.model_config_file)]
     except ValueError:
@@ -357,7 +357,7 @@ def _model_base_paths(args) -> list:
 
 def _startup_checks_pass(args) -> bool:
     """The model path and the ports; False (after saying why) when the start must end."""
-    from serving import startup_checks
+    from serving.server import startup_checks
     try:
         if args.model_base_path:
             warning = startup_checks.check_model_base_path(args.model_base_path)

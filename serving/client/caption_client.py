@@ -4,7 +4,7 @@ Built only on `tensorflow-serving-api`'s stubs, grpc and numpy: images go
 out as raw encoded bytes in a `tf.string` tensor (`image_bytes`), so the
 same client works against `tensorflow_model_server` and `captioner serve`.
 
-    from serving.client import CaptionClient
+    from serving.client.caption_client import CaptionClient
     with CaptionClient("localhost:8500") as client:
         for result in client.caption([open("dog.jpg", "rb").read()]):
             print(result["caption"], result["score"])
@@ -349,7 +349,7 @@ def _channel(target: str, root_certificates: Optional[Union[bytes, str]],
 
 
 def _parser() -> argparse.ArgumentParser:
-    from serving.flags import DefaultsHelpFormatter
+    from serving.cli_help import DefaultsHelpFormatter
     p = argparse.ArgumentParser(prog="captioner caption", formatter_class=DefaultsHelpFormatter,
                                 description="Caption images with a served captioner. With "
                                             "--model PATH (a SavedModel) instead of --server, "
@@ -423,7 +423,7 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
                     continue
                 figure = None
                 if want_attention and result["attention"] is not None:
-                    from serving.attention_figure import save_attention_figure
+                    from serving.client.attention_figure import save_attention_figure
                     name = os.path.splitext(os.path.basename(path))[0] + ".attention.png"
                     figure = save_attention_figure(data, result["caption"].split(),
                                                    result["attention"],

@@ -1,0 +1,7 @@
+"""Request limits: what a request may cost before the server does the work.
+
+Image headers read without decoding (`image_headers`), the decode work an
+image needs (`decode_work`), and the two admissions that bound memory
+(`admission`) and CPU (`work_admission`) across requests in progress.
+Imports only `serving.errors`.
+"""
