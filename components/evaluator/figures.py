@@ -1,6 +1,6 @@
 """The Evaluator's attention figures and their HTML index.
 
-The drawing itself lives in `serving.attention_figure` (the gRPC client draws
+The drawing itself lives in `serving.client.attention_figure` (the gRPC client draws
 the same figures); this module adds the index page.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import html
 import os
 from typing import Mapping, Sequence
 
-from serving.attention_figure import attention_figure, upsample_attention  # noqa: F401
+from serving.client.attention_figure import attention_figure, upsample_attention  # noqa: F401
 
 
 def write_index(figures_dir: str, entries: Sequence[Mapping]) -> str:
