@@ -424,44 +424,10 @@ def main(argv=None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports a command a pipe ended
 
 
-def _serving_protos_without_tensorflow() -> None:
-    """Imports TF Serving's protos without running TensorFlow's `__init__` (seconds).
-
-    `captioner caption` needs only the protos under `tensorflow/core`, which
-    `tensorflow_serving.apis` imports through the `tensorflow` package. A
-    placeholder package stands in while they load and is then removed, so a
-    later `import tensorflow` still imports the real one.
-    """
-    if "tensorflow" in sys.modules:
-        return
-    import importlib.util
-    import types
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    stub = types.ModuleType("tensorflow")
-    stub.__path__ = list(spec.submodule_search_locations)
-    stub.__spec__ = spec
-    sys.modules["tensorflow"] = stub
-    try:
-        from tensorflow_serving.apis import (get_model_metadata_pb2,  # noqa: F401
-                                             get_model_status_pb2, model_pb2,
-                                             model_service_pb2_grpc, predict_pb2,
-                                             prediction_service_pb2_grpc)
-        from tensorflow.core.framework import tensor_pb2, types_pb2  # noqa: F401
-    except ImportError:
-        pass  # the ordinary import below reports it
-    finally:
-        if sys.modules.get("tensorflow") is stub:
-            del sys.modules["tensorflow"]
-
-
 def _delegate(command: str, rest: list[str]) -> int:
     """Runs a subcommand that parses its own flags; `caption --model` is bulk captioning."""
     import importlib
     bulk = command == "caption" and any(a.split("=", 1)[0] == "--model" for a in rest)
-    if command == "caption" and not bulk:
-        _serving_protos_without_tensorflow()
     if command == "serve":
         try:
             rest = serve_argv(rest)

@@ -12,9 +12,17 @@ import math
 from typing import Optional
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, types_pb2
 
-DT_STRING = types_pb2.DT_STRING
+from serving.protos import DATA_TYPE
+
+
+def _dtype(name: str) -> int:
+    return DATA_TYPE.values_by_name[name].number
+
+
+DT_STRING = _dtype("DT_STRING")
+DT_HALF = _dtype("DT_HALF")
+_COMPLEX = (_dtype("DT_COMPLEX64"), _dtype("DT_COMPLEX128"))
 # numpy's limits: 64 dimensions, and a byte size (zero dimensions left out,
 # 16-byte items at most) that fits in an int64.
 _MAX_RANK = 64
@@ -22,20 +30,20 @@ _MAX_EXTENT = (2 ** 63 - 1) // 16
 
 # dtype enum -> (numpy dtype, repeated field for values when not tensor_content)
 _DTYPES = {
-    types_pb2.DT_FLOAT: (np.float32, "float_val"),
-    types_pb2.DT_DOUBLE: (np.float64, "double_val"),
-    types_pb2.DT_INT32: (np.int32, "int_val"),
-    types_pb2.DT_INT16: (np.int16, "int_val"),
-    types_pb2.DT_INT8: (np.int8, "int_val"),
-    types_pb2.DT_UINT8: (np.uint8, "int_val"),
-    types_pb2.DT_UINT16: (np.uint16, "int_val"),
-    types_pb2.DT_INT64: (np.int64, "int64_val"),
-    types_pb2.DT_UINT32: (np.uint32, "uint32_val"),
-    types_pb2.DT_UINT64: (np.uint64, "uint64_val"),
-    types_pb2.DT_BOOL: (np.bool_, "bool_val"),
-    types_pb2.DT_HALF: (np.float16, "half_val"),
-    types_pb2.DT_COMPLEX64: (np.complex64, "scomplex_val"),
-    types_pb2.DT_COMPLEX128: (np.complex128, "dcomplex_val"),
+    _dtype("DT_FLOAT"): (np.float32, "float_val"),
+    _dtype("DT_DOUBLE"): (np.float64, "double_val"),
+    _dtype("DT_INT32"): (np.int32, "int_val"),
+    _dtype("DT_INT16"): (np.int16, "int_val"),
+    _dtype("DT_INT8"): (np.int8, "int_val"),
+    _dtype("DT_UINT8"): (np.uint8, "int_val"),
+    _dtype("DT_UINT16"): (np.uint16, "int_val"),
+    _dtype("DT_INT64"): (np.int64, "int64_val"),
+    _dtype("DT_UINT32"): (np.uint32, "uint32_val"),
+    _dtype("DT_UINT64"): (np.uint64, "uint64_val"),
+    _dtype("DT_BOOL"): (np.bool_, "bool_val"),
+    _dtype("DT_HALF"): (np.float16, "half_val"),
+    _dtype("DT_COMPLEX64"): (np.complex64, "scomplex_val"),
+    _dtype("DT_COMPLEX128"): (np.complex128, "dcomplex_val"),
 }
 _FROM_NUMPY = {np.dtype(np_type): enum for enum, (np_type, _) in _DTYPES.items()}
 
@@ -46,7 +54,8 @@ class TensorParseError(ValueError):
 
 def dtype_name(enum: int) -> str:
     """'DT_FLOAT' style name of a dtype enum."""
-    return types_pb2.DataType.Name(enum) if enum in types_pb2.DataType.values() else str(enum)
+    value = DATA_TYPE.values_by_number.get(enum)
+    return value.name if value is not None else str(enum)
 
 
 def short_dtype_name(enum: int) -> str:
@@ -65,7 +74,7 @@ def numpy_dtype_enum(dtype: np.dtype) -> int:
         raise TypeError(f"no TensorProto dtype for numpy {dtype}") from None
 
 
-def ndarray_to_tensor_proto(array, out: tensor_pb2.TensorProto = None) -> tensor_pb2.TensorProto:
+def ndarray_to_tensor_proto(array, out=None):
     """Builds a TensorProto from a numpy array (or list of bytes/str).
 
     Strings (object arrays of bytes or str, `S` or `U` arrays) become
@@ -73,12 +82,19 @@ def ndarray_to_tensor_proto(array, out: tensor_pb2.TensorProto = None) -> tensor
 
     Args:
       array: the values.
-      out: an (empty) TensorProto to fill in place, e.g. a response's map
-        entry, which saves a copy.
+      out: an (empty) TensorProto to fill in place, e.g. a request's or a
+        response's map entry, which saves a copy. None: a new
+        `tensorflow.core` TensorProto (this imports TensorFlow; the client
+        always passes `out`).
+    Returns:
+      The filled TensorProto (`out` when given).
     """
     if not isinstance(array, np.ndarray):
         array = _as_array(array)
-    proto = tensor_pb2.TensorProto() if out is None else out
+    if out is None:
+        from tensorflow.core.framework import tensor_pb2
+        out = tensor_pb2.TensorProto()
+    proto = out
     proto.dtype = numpy_dtype_enum(array.dtype)
     dims = proto.tensor_shape.dim
     for d in array.shape:
@@ -104,7 +120,7 @@ def _as_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
-def tensor_shape(proto: tensor_pb2.TensorProto, max_elements: Optional[int] = None) -> tuple:
+def tensor_shape(proto, max_elements: Optional[int] = None) -> tuple:
     """The shape a TensorProto claims, checked, without materializing anything.
 
     Raises:
@@ -129,7 +145,7 @@ def tensor_shape(proto: tensor_pb2.TensorProto, max_elements: Optional[int] = No
     return shape
 
 
-def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
+def tensor_proto_to_ndarray(proto,
                             max_elements: Optional[int] = None) -> np.ndarray:
     """Reads a TensorProto into a numpy array (strings: object array of bytes).
 
@@ -162,9 +178,9 @@ def tensor_proto_to_ndarray(proto: tensor_pb2.TensorProto,
                 f"{short_dtype_name(proto.dtype)} needs {n * dtype.itemsize}")
         return np.frombuffer(content, dtype=dtype).astype(np_type).reshape(shape)
     values = getattr(proto, field)
-    if proto.dtype == types_pb2.DT_HALF:
+    if proto.dtype == DT_HALF:
         raw = np.asarray(values, dtype=np.uint16).view(np.float16)
-    elif proto.dtype in (types_pb2.DT_COMPLEX64, types_pb2.DT_COMPLEX128):
+    elif proto.dtype in _COMPLEX:
         flat = np.asarray(values, dtype=np.float64)
         raw = (flat[0::2] + 1j * flat[1::2]).astype(np_type)
     else:

@@ -1,8 +1,10 @@
 """gRPC client for the captioner, for TF Serving or this project's server alike.
 
-Built only on `tensorflow-serving-api`'s stubs, grpc and numpy: images go
-out as raw encoded bytes in a `tf.string` tensor (`image_bytes`), so the
-same client works against `tensorflow_model_server` and `captioner serve`.
+Built on TF Serving's API messages (`serving/protos.py`: the
+`tensorflow-serving-api` definitions, loaded without TensorFlow), grpc and
+numpy: images go out as raw encoded bytes in a `tf.string` tensor
+(`image_bytes`), so the same client works against `tensorflow_model_server`
+and `captioner serve`.
 
     from serving.client.caption_client import CaptionClient
     with CaptionClient("localhost:8500") as client:
@@ -28,10 +30,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import grpc
 import numpy as np
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
-                                     model_service_pb2_grpc, predict_pb2,
-                                     prediction_service_pb2_grpc)
 
+from serving import protos
 from serving.tensors import dtype_name, ndarray_to_tensor_proto, tensor_proto_to_ndarray
 
 _HINTS = {
@@ -136,8 +136,8 @@ class CaptionClient:
         elif version is not None:
             self.version = int(version)
         self._channel = _channel(target, root_certificates, options)
-        self._predictions = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
-        self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
+        self._predictions = protos.PredictionService.on(self._channel)
+        self._models = protos.ModelService.on(self._channel)
 
     # -- plumbing ----------------------------------------------------------
 
@@ -150,9 +150,9 @@ class CaptionClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def model_spec(self, signature: Optional[str] = None) -> model_pb2.ModelSpec:
+    def model_spec(self, signature: Optional[str] = None):
         """The ModelSpec requests carry (name, version or label, signature)."""
-        spec = model_pb2.ModelSpec(name=self.model_name)
+        spec = protos.ModelSpec(name=self.model_name)
         if signature is not None:
             spec.signature_name = signature
         if self.version is not None:
@@ -193,11 +193,11 @@ class CaptionClient:
 
     def _predict(self, inputs, signature, output_filter):
         """(outputs, the version that answered)."""
-        request = predict_pb2.PredictRequest(
+        request = protos.PredictRequest(
             model_spec=self.model_spec(self.signature if signature is None else signature),
             output_filter=list(output_filter))
         for name, value in inputs.items():
-            request.inputs[name].CopyFrom(ndarray_to_tensor_proto(value))
+            ndarray_to_tensor_proto(value, out=request.inputs[name])
         response = self._call(self._predictions.Predict, "Predict", request)
         version = (response.model_spec.version.value
                    if response.model_spec.HasField("version") else None)
@@ -254,12 +254,12 @@ class CaptionClient:
           "inputs": {alias: {"dtype": "DT_STRING", "shape": [-1]}},
           "outputs": {...}}}}` (-1 for an unknown dimension).
         """
-        request = get_model_metadata_pb2.GetModelMetadataRequest(
+        request = protos.GetModelMetadataRequest(
             model_spec=self.model_spec(), metadata_field=["signature_def"])
         response = self._call(self._predictions.GetModelMetadata, "GetModelMetadata", request)
         if raw:
             return response
-        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        signature_map = protos.SignatureDefMap()
         response.metadata["signature_def"].Unpack(signature_map)
 
         def tensors(infos):
@@ -279,10 +279,10 @@ class CaptionClient:
 
     def status(self) -> List[Dict[str, Any]]:
         """Versions and their states (ModelService.GetModelStatus), newest first."""
-        request = get_model_status_pb2.GetModelStatusRequest(model_spec=self.model_spec())
+        request = protos.GetModelStatusRequest(model_spec=self.model_spec())
         response = self._call(self._models.GetModelStatus, "GetModelStatus", request)
-        states = get_model_status_pb2.ModelVersionStatus.State
-        return [{"version": s.version, "state": states.Name(s.state),
+        states = protos.VERSION_STATE.values_by_number
+        return [{"version": s.version, "state": states[s.state].name,
                  "error_code": s.status.error_code, "error_message": s.status.error_message}
                 for s in response.model_version_status]
 

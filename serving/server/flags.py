@@ -127,8 +127,6 @@ class _RestApiPort(argparse.Action):
         setattr(namespace, self.dest, -1 if value == 0 else value)
 
 
-# --tf-thread-spinning=auto turns spinning off on hosts with at most this many CPUs.
-SPIN_OFF_MAX_CPUS = 2
 # A TF-style boolean flag: `--name`, `--name=true`, `--name=false`.
 _BOOL_FLAG = dict(type=parse_bool, nargs="?", const=True, metavar="BOOL")
 
@@ -153,13 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
              "(serving/server/thread_choice.py)")
     tf_group.add_argument("--tensorflow_inter_op_parallelism", dest="inter_op", type=int,
                           default=0)
-    tf_group.add_argument(
-        "--tf-thread-spinning", dest="thread_spinning", choices=("auto", "on", "off"),
-        default="auto",
-        help="whether TensorFlow's idle pool threads spin waiting for work; auto: off on "
-             f"hosts with at most {SPIN_OFF_MAX_CPUS} CPUs, where spinning threads take the "
-             "CPU the model needs (docs/PERFORMANCE.md, Serving), TensorFlow's default (on) "
-             "elsewhere")
     p.add_argument("--version", dest="show_version", default=False, **_BOOL_FLAG,
                    help="print the version and exit")
     p.add_argument("--log-level", default="INFO")

@@ -320,7 +320,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threads = choose_intra_op(args.intra_op, _model_base_paths(args))
     log.info("TensorFlow intra-op threads: %s (%s)",
              threads.intra_op or "TensorFlow's choice", threads.reason)
-    _set_tf_threads(threads.intra_op, args.inter_op, args.thread_spinning)
+    _set_tf_threads(threads.intra_op, args.inter_op)
     try:
         server = ModelServer(args.model_base_path, args.model_name, options=options)
     except ValueError as e:
@@ -372,9 +372,8 @@ def _startup_checks_pass(args) -> bool:
     return True
 
 
-def _set_tf_threads(intra_op: int, inter_op: int, spinning: str = "auto") -> None:
-    """TensorFlow's thread pools: their sizes when the flags set them (0: TensorFlow's
-    choice), and whether idle threads spin (`thread_spinning_off`)."""
+def _set_tf_threads(intra_op: int, inter_op: int) -> None:
+    """TensorFlow's thread pools: their sizes when the flags set them (0: TensorFlow's choice)."""
     import tensorflow as tf
     try:
         if intra_op:
@@ -383,44 +382,6 @@ def _set_tf_threads(intra_op: int, inter_op: int, spinning: str = "auto") -> Non
             tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError as e:  # the pools exist already (TensorFlow ran in this process)
         log.warning("TensorFlow is initialized: its thread pools stay as they are (%s)", e)
-    if thread_spinning_off(spinning):
-        from tensorflow.core.protobuf import config_pb2
-        from tensorflow.python.eager import context
-        eager = context.context()
-        if eager._context_handle is not None:  # pools exist already: too late
-            log.warning("TensorFlow is initialized: thread spinning stays on")
-            return
-        config = config_pb2.ConfigProto()
-        if eager._config is not None:
-            config.CopyFrom(eager._config)
-        # No public API sets this ConfigProto field for eager execution; it
-        # is read once, when the eager context creates its thread pools.
-        config.experimental.disable_thread_spinning = True
-        eager._config = config
-
-
-def thread_spinning_off(spinning: str, cpus: Optional[int] = None) -> bool:
-    """Whether `--tf-thread-spinning` turns spinning off on a host with `cpus` CPUs.
-
-    With few CPUs, TensorFlow's idle pool threads (inter-op and intra-op,
-    one of each per CPU) spinning for work take CPU time from the threads
-    running the model and from the server's own threads: on 2 CPUs the
-    float32 demo export ran 25% faster with spinning off
-    (docs/PERFORMANCE.md, Serving).
-
-    Args:
-      spinning: "on", "off" or "auto" (off with at most
-        `flags.SPIN_OFF_MAX_CPUS` CPUs).
-      cpus: the CPUs this process may use; None: read from the OS.
-    """
-    if spinning != "auto":
-        return spinning == "off"
-    if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count() or 1
-    return cpus <= flags.SPIN_OFF_MAX_CPUS
 
 
 def _serve_until_signal(server: ModelServer) -> int:

@@ -103,25 +103,14 @@ def test_may_run_inline_only_unbatched_cheap_light_requests():
     assert not strict.may_run_inline(plain, 1001)
 
 
-# -- TensorFlow's thread spinning (`--tf-thread-spinning`) ------------------------------------
+# -- TensorFlow's thread pools (`--tensorflow_intra_op_parallelism`) ---------------------------
 
 
-def test_thread_spinning_auto_is_off_only_on_small_hosts():
-    from serving.server.model_server import thread_spinning_off
-    assert thread_spinning_off("auto", cpus=1) and thread_spinning_off("auto", cpus=2)
-    assert not thread_spinning_off("auto", cpus=3)
-    assert thread_spinning_off("off", cpus=64) and not thread_spinning_off("on", cpus=1)
-
-
-@pytest.mark.parametrize("flag,expected", [("off", True), ("on", False)])
-def test_thread_spinning_flag_reaches_the_eager_config(flag, expected):
+def test_intra_op_flag_reaches_the_eager_config_through_the_public_api():
     from tests.serving.conftest import fresh_process_words
     code = ("import tensorflow as tf\n"
-            "from tensorflow.python.eager import context\n"
             "from serving.server.model_server import _set_tf_threads\n"
-            f"_set_tf_threads(1, 0, {flag!r})\n"
+            "_set_tf_threads(1, 0)\n"
             "tf.constant(1.0) + 1.0\n"
-            "config = context.context().config\n"
-            "print(config.experimental.disable_thread_spinning, "
-            "config.intra_op_parallelism_threads)\n")
-    assert fresh_process_words(code)[-2:] == [str(expected), "1"]
+            "print(tf.config.threading.get_intra_op_parallelism_threads())\n")
+    assert fresh_process_words(code)[-1:] == ["1"]
