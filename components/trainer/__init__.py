@@ -7,23 +7,32 @@ section 4). Keras 3's `model.fit` is not used because it fails under
 with autograph off: the model's loops are explicit `tf.while_loop`s, and
 autograph would re-read the model's source files at trace time.
 
+A training phase is a value, not a subclass: `phase.Phase` holds what the
+phase computes (optimizer, start weights, step), what it logs (announcement,
+step summaries) and when it stops (epochs, steps, metric, patience, best-model
+candidates). The one `loop.TrainingLoop` runs any `Phase`; `phases` composes
+the cross-entropy phase, then the self-critical one, each started from the
+`Handoff` (best model, history) of the one before.
+
 One job per module:
 
 | module | job |
 |---|---|
-| `stage` | the stage entry `run(ctx)` (no TensorFlow at import; may train in a child process) |
-| `worker` | `python -m components.trainer`: multi-worker workers and child processes |
-| `phases` | `train`: the run's setup, the cross-entropy phase, then SCST, then the export |
-| `loop` | one phase: the epochs, validation, best model, early stopping, resume |
-| `scst`, `scst_step` | the self-critical phase (`train.objective=scst`) and its step |
-| `train_data` | the input pipeline: batches, length buckets, the cache, validation images |
-| `distribute` | the `tf.distribute` strategies and the cluster role |
-| `step` | the distributed step: loss re-weighting, all-reduce, clipping, update |
+| `stage` | how the Trainer starts: the stage entry `run(ctx)` (no TensorFlow at import; may train in a child process) and `python -m components.trainer` (`main`: multi-worker workers, child processes) |
+| `phases` | `train`: the run's setup, the phases composed (cross-entropy, then SCST), the export |
+| `phase` | the values the loop runs on: `LoopSetup`, `Phase`, `Handoff`, `PhaseOutcome` |
+| `loop` | the one `TrainingLoop`: a phase's epochs, validation, best model, early stopping, resume |
+| `cross_entropy` | the cross-entropy phase as a `Phase` value |
+| `scst` | the self-critical phase as a `Phase` value (`train.objective=scst`), and its start checks |
+| `step` | the distributed cross-entropy step: loss re-weighting, all-reduce, clipping, update |
+| `scst_step` | the distributed self-critical step: sampling, CIDEr-D reward, policy loss |
+| `train_data` | the data: batches, length buckets, the cache, validation images, the run's sizes |
+| `distribute` | the `tf.distribute` strategies, the cluster role, the chief's values on every worker |
 | `model_setup` | the model, learning-rate schedule and optimizer from the config |
-| `validation` | validation loss, BLEU-4, attention maps, the best-model rule |
+| `fused_adam` | `FusedAdam`: Adam with TensorFlow's fused update kernel |
+| `validation` | validation loss, BLEU-4, CIDEr-D, attention maps, the best-model rule |
 | `checkpointing` | loop state, checkpoints, atomic model saves, history, the work-folder lock |
-| `sync` | the chief's values on every worker |
-| `summaries` | TensorBoard summaries |
+| `summaries` | TensorBoard summaries of each phase |
 | `timing` | throughput and input wait |
 | `export` | the Model artifact's files and properties |
 
@@ -42,7 +51,6 @@ Output (docs/ARTIFACTS.md): `model.keras` (final weights), `best.keras`
 the REINFORCE baseline, throughput, validation metrics, attention maps of
 two validation images), `model_config.json`.
 """
-from components.trainer.stage import run
-from components.trainer.worker import main
+from components.trainer.stage import main, run
 
 __all__ = ["run", "main"]

@@ -1,10 +1,17 @@
-"""`tf.distribute` setup for the Trainer: default, mirrored and multi-worker strategies.
+"""Distribution for the Trainer: the `tf.distribute` strategies, this process's cluster role, the chief's values on every worker.
 
 Some settings only take effect before TensorFlow runs its first op in a
 process: splitting the CPU into logical devices (`train.cpu_logical_devices`)
 and the collective ops of `MultiWorkerMirroredStrategy`. `needs_fresh_process`
 tells the Trainer when it must train in a child process because an earlier
 stage in the same process already started TensorFlow (docs/multi_worker.md).
+
+Only the chief reads checkpoints and computes validation metrics:
+`broadcast_from_chief` and `chief_values` hand its values to the other
+workers (one all-reduce each), so that every worker resumes from the same
+state and takes the same early-stopping decision. Every worker takes part in
+saves; the others write into temporary folders (`write_dir`) and delete them
+(`cleanup`).
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import json
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Mapping
 
 STRATEGIES = ("default", "mirrored", "multi_worker")
 
@@ -179,3 +187,51 @@ def cleanup(path: str, role: ClusterRole) -> None:
             shutil.rmtree(path, ignore_errors=True)
         elif os.path.exists(path):
             os.remove(path)
+
+
+def broadcast_from_chief(strategy, variables) -> None:
+    """Gives every worker the chief's values of `variables` (after the chief alone restored).
+
+    Values travel as float64 through one all-reduce to which only global
+    replica 0 (the chief's first device) contributes: exact for float32/16,
+    int64 steps below 2^53 and the uint32 seed-generator states.
+
+    Args:
+      strategy: the multi-worker strategy.
+      variables: `tf.Variable`s or Keras variables, assigned in place.
+    """
+    import tensorflow as tf
+    tensors = [v if isinstance(v, tf.Variable) else v.value for v in variables]
+
+    def fn():
+        ctx = tf.distribute.get_replica_context()
+        first = tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), tf.float64)
+        vals = [tf.cast(tf.convert_to_tensor(t), tf.float64) * first for t in tensors]
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, vals)
+
+    reduced = strategy.run(tf.function(fn, autograph=False))
+    for var, value in zip(tensors, reduced):
+        local = strategy.experimental_local_results(value)[0]
+        var.assign(tf.cast(local, var.dtype))
+
+
+def chief_values(strategy, values: Mapping[str, float]) -> dict:
+    """The chief's `values` on every worker (see `broadcast_from_chief`).
+
+    Args:
+      strategy: the multi-worker strategy.
+      values: name -> float on this worker (ignored unless it is the chief).
+    Returns:
+      name -> the chief's float.
+    """
+    import tensorflow as tf
+    names = sorted(values)
+    vector = tf.constant([values[k] for k in names], tf.float64)
+
+    def fn():
+        ctx = tf.distribute.get_replica_context()
+        return vector * tf.cast(tf.equal(ctx.replica_id_in_sync_group, 0), tf.float64)
+
+    per_replica = strategy.run(tf.function(fn, autograph=False))
+    reduced = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+    return {k: float(v) for k, v in zip(names, reduced.numpy())}

@@ -1,13 +1,17 @@
-"""The Trainer's orchestrator: the cross-entropy phase, then (`train.objective=scst`) the self-critical one.
+"""The Trainer's orchestrator: sets up the run, composes its phases (cross-entropy, then SCST when asked), exports the last.
 
-`train` sets up the run (strategy, precision, work-folder lock, inputs),
-runs `loop.TrainingLoop` for cross-entropy training (unless SCST starts from
-`train.init_model`), hands its best model to `scst.run_scst`, and exports the
-last phase's model. The phases never call each other: `loop` knows nothing
-of SCST, and `scst` gets its start model and history from here.
+`train` sets up the run (strategy, precision, work-folder lock, inputs);
+`_run_phases` runs each phase's `Phase` value (components/trainer/phase.py)
+in the one `loop.TrainingLoop`: cross-entropy training
+(components/trainer/cross_entropy.py; skipped when SCST starts from
+`train.init_model`), then, for `train.objective=scst`, the self-critical
+phase (components/trainer/scst.py) from the cross-entropy phase's `Handoff`
+(its best model and history). The last phase's outcome is exported
+(components/trainer/export.py). The phases never call each other.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Callable, Mapping
@@ -15,9 +19,10 @@ from typing import Callable, Mapping
 from components.contract import config as config_lib
 from components.contract import precision as precision_lib
 from components.contract import stage_log
-from components.trainer import checkpointing, distribute
-from components.trainer.export import export
-from components.trainer.loop import LoopSetup, TrainingLoop, read_inputs
+from components.trainer import checkpointing, cross_entropy, distribute
+from components.trainer.export import TrainedRun, export
+from components.trainer.loop import TrainingLoop
+from components.trainer.phase import LoopSetup
 
 
 def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
@@ -57,6 +62,7 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(config.train.mixed_precision)
     try:
+        from components.trainer.train_data import read_inputs
         inputs = read_inputs(strategy, role, config, annotations_uri, vocabulary_uri,
                              annotations_properties=annotations_properties or {},
                              vocabulary_properties=vocabulary_properties or {})
@@ -69,26 +75,21 @@ def train(annotations_uri: str, vocabulary_uri: str, config, output_uri: str,
             lock.close()
 
 
-def _run_phases(setup: LoopSetup, annotations_uri: str, output_uri: str):
-    """Cross-entropy, then SCST when asked: the last phase's `TrainedRun`."""
+def _run_phases(setup: LoopSetup, annotations_uri: str, output_uri: str) -> TrainedRun:
+    """Cross-entropy, then SCST when asked, each from the one before: the last phase's `TrainedRun`."""
     tcfg = setup.config.train
-    if tcfg.objective == "scst" and tcfg.init_model:
+    phases = [cross_entropy.cross_entropy_phase]
+    handoff = None
+    if tcfg.objective == "scst":
         from components.trainer import scst
-        from components.trainer.model_setup import start_file
-        return scst.run_scst(setup, annotations_uri=annotations_uri, output_uri=output_uri,
-                             start=start_file(tcfg.init_model),
-                             history=scst.start_history(tcfg.init_model, setup.work_dir))
-    loop = TrainingLoop(setup)
-    stop_reason = loop.run()
-    loop.say(f"stopped at step {int(loop.state.step.numpy())}: {stop_reason}")
-    if tcfg.objective == "xe":
-        return loop.trained_run(output_uri)
-    from components.trainer import scst
-    loop.release_inputs()
-    start = loop.best_path
-    if not os.path.exists(start) and setup.role.is_chief:  # no validation split: the final weights
-        start = os.path.join(setup.work_dir, "xe_final.keras")
-        checkpointing.atomic_save(loop.model, start)
-    return scst.run_scst(setup, annotations_uri=annotations_uri, output_uri=output_uri,
-                         start=start, history=checkpointing.read_history(setup.work_dir),
-                         xe_stop_reason=stop_reason)
+        phases.append(functools.partial(scst.scst_phase, annotations_uri=annotations_uri))
+        if tcfg.init_model:  # from a cross-entropy Model trained elsewhere
+            phases = phases[1:]
+            handoff = scst.start_from_model(tcfg.init_model, setup.work_dir)
+    for i, make_phase in enumerate(phases):
+        loop = TrainingLoop(setup, make_phase(setup, handoff))
+        stop_reason = loop.run()
+        if i + 1 < len(phases):
+            loop.release_inputs()
+            handoff = loop.handoff(stop_reason)
+    return TrainedRun(setup=setup, outcome=loop.outcome(), output_uri=output_uri)

@@ -1,4 +1,4 @@
-"""The self-critical phase of `train.objective=scst` (Rennie et al. 2017; docs/scst.md).
+"""The self-critical phase as a `Phase` value (Rennie et al. 2017; `train.objective=scst`; docs/scst.md), and its start checks.
 
 It starts from a converged cross-entropy model: the best model of this run's
 cross-entropy phase, or `train.init_model`. The start is refused when that
@@ -8,11 +8,15 @@ where users see CIDEr fall. It then trains `train.scst_epochs` epochs with a
 fresh Adam at `train.scst_learning_rate`, validates greedy captions' CIDEr-D
 each epoch, keeps the best (`scst/best.keras`) and stops early on it. Its
 checkpoints, history and best model live in `<work_dir>/scst/`; its
-TensorBoard scalars in `<work_dir>/logs/scst`.
+TensorBoard scalars in `<work_dir>/logs/scst`. The start model competes as
+epoch -1 (its val CIDEr is recorded in `scst/start.json`): an SCST epoch
+replaces it only by beating it. The phase is a value run by the one
+`loop.TrainingLoop`, not a subclass of it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -20,7 +24,7 @@ import os
 from components.contract import config as config_lib
 from components.contract import schema
 from components.trainer import checkpointing, summaries
-from components.trainer.loop import LoopSetup, TrainingLoop
+from components.trainer.phase import Handoff, LoopSetup, Phase
 
 PHASE_DIR = "scst"
 # The smallest relative val_loss drop of a last epoch that counts as "still improving".
@@ -66,176 +70,133 @@ def start_history(init_model: str, work_dir: str) -> list[dict]:
     return checkpointing.read_history(work_dir)
 
 
-class ScstLoop(TrainingLoop):
-    """`TrainingLoop` with the self-critical step, CIDEr validation and its own folder.
-
-    Args:
-      setup: the run's `LoopSetup` (its inputs yield the references too:
-        `scst_inputs`).
-      start: the `.keras` file the phase starts from (when no SCST
-        checkpoint exists yet).
-      scorer: the `models.cider_d.CiderD` of the training references.
-      max_length: most words per sampled caption.
-    """
-
-    def __init__(self, setup: LoopSetup, *, start: str, scorer, max_length: int):
-        self.start, self.scorer, self.max_length = start, scorer, int(max_length)
-        super().__init__(setup)
-
-    def _phase_settings(self) -> None:
-        tcfg = self.tcfg
-        self.phase = PHASE_DIR
-        self.epochs = tcfg.scst_epochs
-        self.total_steps = self.inputs.steps_per_epoch * tcfg.scst_epochs
-        self.metric = "cider"
-        self.phase_dir = os.path.join(self.work_dir, PHASE_DIR)
-        self.logs_dir = os.path.join(self.work_dir, schema.LOGS_DIR, PHASE_DIR)
-        os.makedirs(self.phase_dir, exist_ok=True)
-
-    def _announce(self) -> None:
-        tcfg = self.tcfg
-        self.say(f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
-                 f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
-                 f"{self.scorer.num_documents} training images, {self.scorer.num_keys} n-grams), "
-                 f"captions up to {self.max_length} words, learning rate "
-                 f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
-                 f"{self.inputs.steps_per_epoch} steps/epoch x {self.epochs} epochs, "
-                 f"early stopping on val CIDEr")
-
-    def _make_optimizer(self):
-        import keras
-        from components.trainer.fused_adam import FusedAdam
-        optimizer = FusedAdam(self.tcfg.scst_learning_rate)
-        if self.tcfg.mixed_precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        return optimizer
-
-    def _initialize_weights(self) -> None:
-        from components.trainer.model_setup import load_weights
-        if not os.path.exists(self.start) and not self.chief:
-            return  # a worker other than the chief gets the chief's weights
-        load_weights(self.model, self.start)
-        self.say(f"SCST starts from {self.start}")
-
-    def _open_outputs(self) -> None:
-        super()._open_outputs()
-        self.selection_start = 0
-
-    def start_as_best(self) -> float | None:
-        """Makes the start model the best so far (epoch -1), scored by val CIDEr.
-
-        An SCST epoch then replaces it only by beating its CIDEr: a phase that
-        does not help exports the model it started from.
-
-        Returns:
-          The start model's val CIDEr (None without a validation split).
-        """
-        from components.trainer import distribute
-        from components.trainer.sync import chief_values
-        if self.validator is None:
-            return None
-        cider = self.validator.cider() if self.chief else 0.0
-        if self.multi_worker:
-            cider = chief_values(self.strategy, {"cider": cider})["cider"]
-        self.state.best_metric.assign(cider)
-        self.state.best_epoch.assign(-1)
-        target = distribute.write_dir(self.best_path, self.role)
-        checkpointing.atomic_save(self.model, target)
-        distribute.cleanup(target, self.role)
-        self.say(f"SCST start: val CIDEr {cider:.4f} (greedy captions); an SCST epoch "
-                 "replaces the start model only by beating it")
-        return cider
-
-    def _make_step(self, element_spec):
-        from components.trainer.scst_step import ScstStepOptions, make_scst_step
-        return make_scst_step(self.strategy, self.model, self.optimizer, self.scorer,
-                              ScstStepOptions.from_config(self.tcfg, self.max_length),
-                              element_spec)
-
-    def _call_step(self, batch) -> dict:
-        import tensorflow as tf
-        seed = tf.constant([self.tcfg.seed, int(self.state.step.numpy())], tf.int64)
-        return {k: float(v) for k, v in self._step_fn(batch, seed).items()}
-
-    def _write_summaries(self, step: int, out: dict) -> None:
-        samples = max(out["samples"], 1.0)
-        words = max(out["sample_tokens"], 1.0)
-        values = {
-            "scst/loss": out["loss"],
-            "scst/reward": out["reward_sum"] / samples,
-            "scst/baseline": out["baseline_sum"] / samples,
-            "scst/positive_advantage_fraction": out["positive_advantage"] / samples,
-            "scst/sample_entropy": out["entropy_sum"] / words,
-            "scst/sample_nll": out["sample_nll_sum"] / words,
-            "scst/sample_length": words / samples,
-            "scst/grad_norm": out["grad_norm"],
-            "scst/learning_rate": summaries.scalar_value(self.optimizer.learning_rate),
-            "scst/examples_per_second": self.timing.throughput(),
-        }
-        if self.tcfg.scst_baseline == "greedy":
-            values["scst/greedy_reward"] = out["greedy_reward_sum"] / max(out["examples"], 1.0)
-        if self.tcfg.scst_xe_weight > 0:
-            values["scst/xe_nll"] = out["nll_sum"] / max(out["num_tokens"], 1.0)
-        with self.writer.as_default():
-            for tag, value in values.items():
-                summaries.summary_scalar(tag, value, step)
-
-    def history(self) -> list[dict]:
-        """This phase's epoch rows, each marked `"phase": "scst"`."""
-        return [dict(row, phase=PHASE_DIR) for row in checkpointing.read_history(self.phase_dir)]
-
-    def trained_run(self, output_uri: str, xe_history=()):
-        """`TrainingLoop.trained_run` with both phases' history and the SCST properties."""
-        run = super().trained_run(output_uri)
-        tcfg = self.tcfg
-        run.history = list(xe_history) + self.history()
-        run.extra = {"scst": {
-            "start": self.start, "epochs": int(self.state.epoch.numpy()),
-            "steps": int(self.state.step.numpy()), "best_cider": best_metric(self.state),
-            "best_epoch": int(self.state.best_epoch.numpy()), "samples": tcfg.scst_samples,
-            "start_cider": read_start_record(self.phase_dir).get("start_cider"),
-            "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
-            "learning_rate": tcfg.scst_learning_rate, "max_length": self.max_length,
-            "reward": "CIDEr-D", "document_frequency_images": self.scorer.num_documents,
-            "final_reward": (self.final["reward_sum"] / max(self.final["samples"], 1.0)
-                             if self.final else None)}}
-        return run
+def start_from_model(init_model: str, work_dir: str) -> Handoff:
+    """The `Handoff` of a cross-entropy model trained elsewhere (`train.init_model`)."""
+    from components.trainer.model_setup import start_file
+    return Handoff(start=start_file(init_model), history=tuple(start_history(init_model, work_dir)))
 
 
-def run_scst(setup: LoopSetup, *, annotations_uri: str, output_uri: str, start: str,
-             history: list[dict], xe_stop_reason: str = ""):
-    """The self-critical phase from the model `start`: a `TrainedRun`.
+def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> Phase:
+    """The self-critical `Phase`, started from the model of `handoff`.
+
+    Checks the start (`train.scst_require_converged`) before the costly setup,
+    unless the phase already has a checkpoint, and builds the CIDEr-D reward
+    of the training references.
 
     Args:
       setup: the run's `LoopSetup` (with the cross-entropy inputs).
+      handoff: the start model, its cross-entropy epoch rows, why that phase
+        stopped (`""` when it ran elsewhere).
       annotations_uri: the Annotations folder (the training references).
-      output_uri: the Model folder.
-      start: the `.keras` file of the converged cross-entropy model.
-      history: that model's cross-entropy epoch rows.
-      xe_stop_reason: why the cross-entropy phase stopped ("" when it ran elsewhere).
     Returns:
-      The `TrainedRun` to export.
+      The `Phase`.
+    Raises:
+      NotConvergedError: see `check_start`.
     """
-    config, role = setup.config, setup.role
+    config, role, say = setup.config, setup.role, setup.say
     tcfg = config.train
-    say = setup.log if role.is_chief else (lambda line: None)
+    start, history = handoff.start, list(handoff.history)
     phase_dir = os.path.join(setup.work_dir, PHASE_DIR)
     if role.is_chief and not os.path.exists(
             os.path.join(phase_dir, schema.CHECKPOINTS_DIR, "checkpoint")):
-        check_start(config, history, xe_stop_reason, say)  # before the costly setup
+        check_start(config, history, handoff.stop_reason, say)  # before the costly setup
     scorer, longest = build_scorer(annotations_uri, setup.inputs.vocab_size, say)
     max_length = tcfg.scst_max_length or longest + 1
-    loop = ScstLoop(dataclasses.replace(setup, inputs=scst_inputs(setup.inputs, config)),
-                    start=start, scorer=scorer, max_length=max_length)
-    # The chief's restored state, which every worker now holds, decides.
-    if loop.resumed_from == 0:
-        start_cider = loop.start_as_best()
-        if role.is_chief:
-            write_start_record(loop.phase_dir, start, history, start_cider)
-    stop_reason = loop.run()
-    say(f"self-critical phase stopped at step {int(loop.state.step.numpy())}: "
-        f"{stop_reason}")
-    return loop.trained_run(output_uri, xe_history=history)
+    inputs = scst_inputs(setup.inputs, config)
+    announce = (f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
+                f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
+                f"{scorer.num_documents} training images, {scorer.num_keys} n-grams), "
+                f"captions up to {max_length} words, learning rate "
+                f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
+                f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
+                f"early stopping on val CIDEr")
+    return Phase(
+        name=PHASE_DIR, folder=PHASE_DIR, inputs=inputs,
+        make_optimizer=functools.partial(_make_optimizer, tcfg),
+        init_weights=functools.partial(_init_weights, start=start),
+        make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
+                                    max_length=max_length),
+        announce=(announce,) if role.is_chief else (),
+        write_summaries=functools.partial(_write_summaries, tcfg=tcfg),
+        progress=f"Trainer ({PHASE_DIR})", stopped="self-critical phase stopped",
+        epochs=tcfg.scst_epochs, total_steps=inputs.steps_per_epoch * tcfg.scst_epochs,
+        metric="cider", patience=tcfg.patience, first_candidate=_no_warmup,
+        start_competes=True,
+        on_start_scored=functools.partial(_start_scored, say=say, chief=role.is_chief,
+                                          phase_dir=phase_dir, start=start, history=history),
+        history_tag=PHASE_DIR, earlier_history=tuple(history),
+        properties=functools.partial(_properties, tcfg=tcfg, start=start, phase_dir=phase_dir,
+                                     max_length=max_length, scorer=scorer))
+
+
+def _make_optimizer(tcfg):
+    """A fresh Adam (`FusedAdam`) at `train.scst_learning_rate`; loss scaling for mixed_float16."""
+    import keras
+    from components.trainer.fused_adam import FusedAdam
+    optimizer = FusedAdam(tcfg.scst_learning_rate)
+    if tcfg.mixed_precision == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    return optimizer
+
+
+def _init_weights(model, chief: bool, say, *, start: str) -> None:
+    """The weights of the start model (a worker other than the chief may get the chief's)."""
+    from components.trainer.model_setup import load_weights
+    if not os.path.exists(start) and not chief:
+        return  # a worker other than the chief gets the chief's weights
+    load_weights(model, start)
+    say(f"SCST starts from {start}")
+
+
+def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_length: int):
+    """`run_step(batch, step)`: the self-critical step, sampling seeded by `(train.seed, step)`."""
+    import tensorflow as tf
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    step_fn = make_scst_step(strategy, model, optimizer, scorer,
+                             ScstStepOptions.from_config(tcfg, max_length), element_spec)
+
+    def run_step(batch, step: int) -> dict:
+        seed = tf.constant([tcfg.seed, step], tf.int64)
+        return {k: float(v) for k, v in step_fn(batch, seed).items()}
+
+    return run_step
+
+
+def _write_summaries(writer, step: int, out: dict, *, model, optimizer, timing, tcfg) -> None:
+    """The `scst/*` scalars of one step."""
+    summaries.write_scst_summaries(
+        writer, step, out, optimizer, throughput=timing.throughput(),
+        greedy_baseline=tcfg.scst_baseline == "greedy", xe_weight=tcfg.scst_xe_weight)
+
+
+def _no_warmup(model) -> int:
+    """Every SCST epoch is a best-model candidate."""
+    return 0
+
+
+def _start_scored(cider: float | None, *, say, chief: bool, phase_dir: str, start: str,
+                  history: list[dict]) -> None:
+    """Logs the start model's val CIDEr and writes `start.json` (chief)."""
+    if cider is not None:
+        say(f"SCST start: val CIDEr {cider:.4f} (greedy captions); an SCST epoch "
+            "replaces the start model only by beating it")
+    if chief:
+        write_start_record(phase_dir, start, history, cider)
+
+
+def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_length: int,
+                scorer) -> dict:
+    """The Model's `scst` property: the phase's start, settings, best epoch and last reward."""
+    return {"scst": {
+        "start": start, "epochs": int(state.epoch.numpy()),
+        "steps": int(state.step.numpy()), "best_cider": best_metric(state),
+        "best_epoch": int(state.best_epoch.numpy()), "samples": tcfg.scst_samples,
+        "start_cider": read_start_record(phase_dir).get("start_cider"),
+        "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
+        "learning_rate": tcfg.scst_learning_rate, "max_length": max_length,
+        "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,
+        "final_reward": (final["reward_sum"] / max(final["samples"], 1.0)
+                         if final else None)}}
 
 
 def scst_inputs(inputs, config):

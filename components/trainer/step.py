@@ -1,4 +1,4 @@
-"""The distributed training step: loss re-weighting, gradient all-reduce, clipping, update.
+"""The distributed cross-entropy step: loss re-weighting, gradient all-reduce, clipping, update.
 
 On each replica: the model's loss terms (`compute_loss_terms`); the token
 terms are re-weighted by `local tokens / global tokens` and the batch-mean

@@ -1,4 +1,4 @@
-"""The Trainer's TensorBoard summaries: step scalars, attention images and captions.
+"""The Trainer's TensorBoard summaries: each phase's step scalars, attention images and captions.
 
 Scalars, the flushing writer and the plugin metadata come from
 `components.contract.summary_writer` (shared with the EncoderTrainer); each entry
@@ -59,4 +59,38 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
         values["train/guard_rate"] = out["guard_rate"]
     if out["loss_scale"] != 1.0:
         values["train/loss_scale"] = out["loss_scale"]
+    write_scalars(writer, values, step)
+
+
+def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput: float,
+                         greedy_baseline: bool, xe_weight: float) -> None:
+    """The `scst/*` scalars of one self-critical step.
+
+    Args:
+      writer: a `tf.summary` writer.
+      step: the global step.
+      out: the step's results (`scst_step.SUM_KEYS` and `scst_step.MEAN_KEYS`, floats).
+      optimizer: for the current learning rate.
+      throughput: examples per second so far.
+      greedy_baseline: `train.scst_baseline=greedy`: also the greedy captions' reward.
+      xe_weight: `train.scst_xe_weight`; above 0 also the mixed-in cross-entropy's NLL.
+    """
+    samples = max(out["samples"], 1.0)
+    words = max(out["sample_tokens"], 1.0)
+    values = {
+        "scst/loss": out["loss"],
+        "scst/reward": out["reward_sum"] / samples,
+        "scst/baseline": out["baseline_sum"] / samples,
+        "scst/positive_advantage_fraction": out["positive_advantage"] / samples,
+        "scst/sample_entropy": out["entropy_sum"] / words,
+        "scst/sample_nll": out["sample_nll_sum"] / words,
+        "scst/sample_length": words / samples,
+        "scst/grad_norm": out["grad_norm"],
+        "scst/learning_rate": scalar_value(optimizer.learning_rate),
+        "scst/examples_per_second": throughput,
+    }
+    if greedy_baseline:
+        values["scst/greedy_reward"] = out["greedy_reward_sum"] / max(out["examples"], 1.0)
+    if xe_weight > 0:
+        values["scst/xe_nll"] = out["nll_sum"] / max(out["num_tokens"], 1.0)
     write_scalars(writer, values, step)

@@ -1,4 +1,4 @@
-"""The Trainer's tf.data input pipeline over Annotations TFRecords.
+"""The Trainer's data: the tf.data input pipeline over Annotations TFRecords, validation images, the run's sizes.
 
 One epoch, per input pipeline (one per worker):
 
@@ -15,12 +15,14 @@ Every input pipeline yields exactly `steps_per_epoch * replicas_per_pipeline`
 equally sized batches, so the workers of a multi-worker job run the same
 number of steps and no replica ever gets an empty batch. The caching comes
 before the caption choice, so every epoch draws a fresh reference caption for
-each image. Record format: docs/ARTIFACTS.md.
+each image. Record format: docs/ARTIFACTS.md. `read_inputs` reads the
+artifacts into a `TrainInputs` (vocabulary, grid, train batches, validation
+images, steps per epoch) for every phase of a run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -351,3 +353,71 @@ def load_eval_set(files: Sequence[str], grid_shape: Sequence[int], max_images: i
         references.append([t for t in texts if t] or [""])
     return EvalSet(ids, np.stack(grids) if grids else np.zeros((0, h * w, d), np.float32),
                    captions, references)
+
+
+@dataclass
+class TrainInputs:
+    """The data side of a run: vocabulary, grid, train batches, validation images, step counts."""
+    vocab_size: int
+    id_to_word: list
+    grid_shape: list
+    data: Any            # TrainData
+    eval_set: Any        # EvalSet
+    steps_per_epoch: int
+    total_steps: int
+
+
+def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: str, *,
+                annotations_properties: Mapping,
+                vocabulary_properties: Mapping) -> TrainInputs:
+    """Reads the artifacts and sizes the run.
+
+    Args:
+      strategy: the `tf.distribute.Strategy`.
+      role: this process' `distribute.ClusterRole`.
+      config: the `PipelineConfig`.
+      annotations_uri, vocabulary_uri: the input artifact folders.
+      annotations_properties, vocabulary_properties: their properties.
+    Returns:
+      The `TrainInputs`.
+    Raises:
+      ValueError, RuntimeError: a batch that the replicas cannot share, a
+        missing train split, or one with fewer images than a global batch.
+    """
+    import keras
+    from components.trainer import distribute
+    tcfg = config.train
+    replicas = strategy.num_replicas_in_sync
+    if tcfg.batch_size % replicas:
+        raise ValueError(f"train.batch_size={tcfg.batch_size} must be a multiple of the "
+                         f"{replicas} replicas of train.strategy={tcfg.strategy}")
+    keras.utils.set_random_seed(tcfg.seed)
+    id_to_word = schema.read_vocabulary(vocabulary_uri)
+    vocab_size = schema.vocabulary_size(vocabulary_uri, vocabulary_properties)
+    grid_shape = schema.annotations_grid_shape(annotations_uri, annotations_properties)
+    train_files = schema.split_files(annotations_uri, "train")
+    if not train_files:
+        raise RuntimeError(f"{annotations_uri} has no train split (train/*.tfrecord)")
+    data = TrainData(
+        train_files, grid_shape,
+        num_records=(annotations_properties.get("num_records") or {}).get("train"),
+        global_batch_size=tcfg.batch_size, seed=tcfg.seed,
+        shuffle_buffer=tcfg.shuffle_buffer, cache=tcfg.cache,
+        cache_budget_mb=tcfg.cache_budget_mb,
+        bucket_by_length=tcfg.bucket_by_length,
+        dtype=keras.mixed_precision.global_policy().compute_dtype,
+        pad_multiple=8 if tcfg.jit_compile else 1)
+    steps_per_epoch = data.steps_per_epoch(
+        role.num_workers if distribute.is_multi_worker(strategy) else 1)
+    if steps_per_epoch == 0:
+        raise RuntimeError(f"the train split has {data.num_records} images, fewer than one "
+                           f"global batch of {tcfg.batch_size} per worker: lower "
+                           "train.batch_size")
+    total_steps = steps_per_epoch * tcfg.epochs
+    if tcfg.max_steps > 0:
+        total_steps = min(total_steps, tcfg.max_steps)
+    eval_set = load_eval_set(schema.split_files(annotations_uri, "val"),
+                             grid_shape, tcfg.val_examples, id_to_word)
+    return TrainInputs(vocab_size=vocab_size, id_to_word=id_to_word, grid_shape=grid_shape,
+                       data=data, eval_set=eval_set, steps_per_epoch=steps_per_epoch,
+                       total_steps=total_steps)

@@ -1,4 +1,4 @@
-"""Validation during training: loss, BLEU-4, attention maps, and the best-model rule.
+"""Validation during training: loss, BLEU-4, CIDEr-D, attention maps, and the best-model rule.
 
 The chief computes the metrics on a held-in-memory `EvalSet`
 (components/trainer/train_data.py); `improved` decides whether an epoch's value is a
