@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 import struct
 import subprocess
 
@@ -18,6 +17,7 @@ from serving.limits.image_headers import ImageHeaderError, probe_image
 from tests.serving.fixtures import solid_image
 from tests.serving.hostile_images import (animated_webp, interlaced_png, jpeg, many_frame_gif,
                                           repeated_scan_jpeg, scans_of, tiny_frame_gif)
+from tests.tools import require_tool
 
 
 def _estimate(data: bytes, stop_above: int = 0):
@@ -180,15 +180,15 @@ def test_fixture_images_pass(fmt):
         3 * 640 * 640
 
 
-@pytest.mark.skipif(shutil.which("cjpeg") is None, reason="cjpeg (libjpeg-turbo-progs) absent")
 @pytest.mark.parametrize("options,scans", [
     ([], 1), (["-progressive"], 10), (["-progressive", "-optimize"], 10),
     (["-progressive", "-grayscale"], 6), (["-progressive", "-sample", "1x1"], 10)])
 def test_cjpeg_writes_what_is_counted(tmp_path, options, scans):
+    cjpeg = require_tool("cjpeg", "libjpeg-turbo's own progressive scan scripts")
     ppm = tmp_path / "in.ppm"
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 255, (240, 320, 3), dtype=np.uint8)).save(ppm)
-    data = subprocess.run(["cjpeg", *options, str(ppm)], check=True,
+    data = subprocess.run([cjpeg, *options, str(ppm)], check=True,
                           capture_output=True).stdout
     assert _scan_count(data) == scans == len(scans_of(data))
     assert check_work(data, probe_image(data), DEFAULTS.max_decode_work) <= 14 * 320 * 240

@@ -1,9 +1,9 @@
 """Browser tests: headless Chromium (Debian's `chromium`, `chromium-driver`) through Selenium.
 
 The system browser and driver only (Selenium's `Service(executable_path=...)`
-with the binary named), never a downloaded one. Where they cannot be
-installed the tests skip and say why, except under `CI=true`, where a
-missing browser is a failure.
+with the binary named), never a downloaded one. `make test` installs them
+where it runs as root; elsewhere the tests skip with the command that
+installs them, except under `CI=true`, where a missing browser is a failure.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.reliability.server_process import ServerProcess
 from tests.serving.conftest import model_store  # noqa: F401  (re-exported fixture)
-from tests.tools import on_ci
+from tests.tools import INSTALL, on_ci
 
 WINDOW = (1100, 900)
 
@@ -23,13 +23,16 @@ def chromium_paths():
     """(browser, driver) paths, or the reason why a browser test cannot run."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
-    missing = [name for name, path in (("chromium", browser), ("chromium-driver", driver))
-               if path is None]
+    absent = [name for name, path in (("chromium", browser), ("chromium-driver", driver))
+              if path is None]
+    how = []
+    if absent:
+        how.append(f"{INSTALL['chromium']} (`make test` runs this where it is root)")
     if importlib.util.find_spec("selenium") is None:
-        missing.append("the selenium package (pip install -e '.[test]')")
-    if missing:
-        return None, ("needs " + " and ".join(missing) + ": `make install` installs them "
-                      "(apt-get install chromium chromium-driver)")
+        absent.append("the selenium package")
+        how.append("pip install -e '.[test]'")
+    if absent:
+        return None, "needs " + " and ".join(absent) + ": " + "; ".join(how)
     return (browser, driver), None
 
 
