@@ -54,6 +54,7 @@ benchmarks: install
 
 docs: install
 	$(BIN)/python -m pipeline.docgen
+	$(BIN)/python benchmarks/report.py
 
 clean:
 	rm -rf demo_output pipeline_root
