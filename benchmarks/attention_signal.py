@@ -128,7 +128,7 @@ def main(argv=None) -> dict:
             state = next_state
     if not inside_lp:
         raise SystemExit("no object words with a box were found in the references")
-    result = {"model": model_file, "attention": model.attention, "steps": len(inside_lp),
+    result = {"model": model_file, "attention": model.options.attention, "steps": len(inside_lp),
               "logp_inside": round(float(np.mean(inside_lp)), 4),
               "logp_outside": round(float(np.mean(outside_lp)), 4),
               "logp_expected": round(float(np.mean(expected_lp)), 4),

@@ -83,11 +83,11 @@ class Sender:
     def __init__(self, server: ServerProcess, model_name: str, image: bytes, deadline: float):
         import grpc
         from serving.client.caption_client import CaptionClient
+        from serving.client.caption_client import ClientOptions
         self.deadline = deadline
         self.grpc = grpc
         # One channel for every sending thread (gRPC channels are thread-safe); no retries.
-        self.client = CaptionClient(server.address, model_name, timeout=deadline,
-                                    max_attempts=1)
+        self.client = CaptionClient(server.address, model_name, timeout=deadline, options=ClientOptions(max_attempts=1))
         self.rest_host = server.rest_url.split("//", 1)[1]
         self.rest_body = json.dumps({"instances": [{"image_bytes": {
             "b64": base64.b64encode(image).decode()}}], "signature_name": "serving_default"})

@@ -23,6 +23,7 @@ import shutil
 import time
 
 from components.contract import io_utils, schema
+from serving.versions.batching_parameters import BatchingParameters
 
 MODELS_CONFIG = "models.config"
 BATCHING_PARAMETERS = "batching_parameters.txt"
@@ -61,14 +62,18 @@ def models_config_text(serving_dir: str, model_names: list[str]) -> str:
     return text
 
 
-def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int,
-                             num_batch_threads: int = 4, max_enqueued_batches: int = 100) -> str:
-    """`--batching_parameters_file` text (the batching protos are not shipped: plain text)."""
-    return (f"max_batch_size {{ value: {int(max_batch_size)} }}\n"
-            f"batch_timeout_micros {{ value: {int(batch_timeout_micros)} }}\n"
-            f"num_batch_threads {{ value: {int(num_batch_threads)} }}\n"
-            f"max_enqueued_batches {{ value: {int(max_enqueued_batches)} }}\n"
-            "pad_variable_length_inputs: true\n")
+# Batch threads written into the pushed file: the serving host's CPUs are
+# not known here, so a fixed count rather than the server's per-host default.
+PUSHED_BATCH_THREADS = 4
+
+
+def batching_parameters_text(max_batch_size: int, batch_timeout_micros: int) -> str:
+    """`--batching_parameters_file` text: `BatchingParameters`' format and defaults, with
+    `PUSHED_BATCH_THREADS` and TF Serving's padding of variable-length inputs."""
+    params = BatchingParameters(max_batch_size=int(max_batch_size),
+                                batch_timeout_micros=int(batch_timeout_micros),
+                                num_batch_threads=PUSHED_BATCH_THREADS)
+    return params.to_text() + "pad_variable_length_inputs: true\n"
 
 
 def _pid_alive(pid: int) -> bool:

@@ -156,9 +156,10 @@ class DecoderOptions:
 
 FIELDS = frozenset(f.name for f in dataclasses.fields(DecoderOptions))
 
-_CHOICES = {"attention": ATTENTIONS, "attention_score": SCORES,
-            "hard_inference": INFERENCE_MODES, "reinforce_credit": REINFORCE_CREDITS,
-            "reinforce_baseline": REINFORCE_BASELINES, "transform": TRANSFORMS}
+# Fields whose values come from a fixed list (the pipeline config's `model.*` CHOICES).
+CHOICES = {"attention": ATTENTIONS, "attention_score": SCORES,
+           "hard_inference": INFERENCE_MODES, "reinforce_credit": REINFORCE_CREDITS,
+           "reinforce_baseline": REINFORCE_BASELINES, "transform": TRANSFORMS}
 
 
 def check_options(values: Mapping[str, Any]) -> None:
@@ -172,7 +173,7 @@ def check_options(values: Mapping[str, Any]) -> None:
     def get(name):
         return values.get(name, DEFAULTS[name])
 
-    for name, choices in _CHOICES.items():
+    for name, choices in CHOICES.items():
         if get(name) not in choices:
             raise ValueError(f"{name}={get(name)!r} is not one of: {', '.join(choices)}")
     attention = get("attention")

@@ -51,7 +51,7 @@ def update_baseline(model, mean_reward, skip=None) -> None:
     """
     mean_reward = ops.cast(mean_reward, "float32")
     b, count = model.reward_baseline, model.baseline_updates
-    decay = model.baseline_decay
+    decay = model.options.baseline_decay
     new_b = ops.where(count > 0, decay * b + (1.0 - decay) * mean_reward, mean_reward)
     new_count = count + 1.0
     if skip is not None:
@@ -64,10 +64,10 @@ def update_baseline(model, mean_reward, skip=None) -> None:
 def _expected_alpha_coin(model):
     """Hard attention in training: whether this minibatch uses the expected context."""
     used_expected = keras.random.uniform(
-        (), seed=model.expected_alpha_seed) < model.expected_alpha_prob
-    if model.expected_alpha_warmup > 0:
+        (), seed=model.expected_alpha_seed) < model.options.expected_alpha_prob
+    if model.options.expected_alpha_warmup > 0:
         used_expected = ops.logical_or(
-            used_expected, model.hard_training_steps < float(model.expected_alpha_warmup))
+            used_expected, model.hard_training_steps < float(model.options.expected_alpha_warmup))
     model.hard_training_steps.assign(model.hard_training_steps + 1.0)
     return used_expected
 
@@ -127,7 +127,7 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
     example_nll = ops.sum(token_nll, axis=1)
     example_penalty = losses.doubly_stochastic_penalty(
         out["alpha"], steps,
-        model.doubly_stochastic_lambda if options.doubly_stochastic else 0.0)
+        model.options.doubly_stochastic_lambda if options.doubly_stochastic else 0.0)
     example_entropy = ops.sum(losses.attention_entropy(out["alpha"]) * steps, axis=1)
     terms = {"nll": ops.sum(example_nll) / denominator,
              "attention_penalty": ops.mean(example_penalty),
@@ -140,7 +140,7 @@ def compute_loss_terms(model, annotations, tokens, mask=None, training=True,
         terms.update(_reinforce_terms(model, out, targets, token_nll, steps,
                                       training=training, used_expected=used_expected))
         loss = (loss + terms["reinforce_term"]
-                - model.entropy_lambda * terms["attention_entropy"])
+                - model.options.entropy_lambda * terms["attention_entropy"])
         if training and update_baseline_now and "token_baseline" not in terms:
             update_baseline(model, terms["reward"], skip=used_expected)
     if options.located:
@@ -158,7 +158,7 @@ def _reinforce_terms(model, out, targets, token_nll, steps, *, training,
                      used_expected) -> dict:
     """Hard attention's reward, baseline and REINFORCE surrogate (equation 12)."""
     denominator = ops.maximum(ops.sum(steps), 1.0)
-    if model.reinforce_credit == "token":
+    if model.options.reinforce_credit == "token":
         reward = -token_nll                                     # log p(y_t|...), (batch, T)
         mean_reward = ops.sum(reward) / denominator
     else:
@@ -172,17 +172,17 @@ def _reinforce_terms(model, out, targets, token_nll, steps, *, training,
         baseline = -losses.masked_nll(out["expected_logits"], targets)
     if training:
         used = ops.cast(used_expected, "float32")
-        if model.reinforce_credit == "token":
+        if model.options.reinforce_credit == "token":
             surrogate = losses.reinforce_surrogate(
-                reward, baseline, out["sample_log_prob"], model.reinforce_lambda) * steps
+                reward, baseline, out["sample_log_prob"], model.options.reinforce_lambda) * steps
         else:
             sample_log_prob = ops.sum(out["sample_log_prob"] * steps, axis=1)
             surrogate = losses.reinforce_surrogate(
-                reward, baseline, sample_log_prob, model.reinforce_lambda)
+                reward, baseline, sample_log_prob, model.options.reinforce_lambda)
         reinforce_term = (1.0 - used) * ops.sum(surrogate) / denominator
     else:
         used = ops.convert_to_tensor(
-            1.0 if model.hard_inference == "expected" else 0.0, "float32")
+            1.0 if model.options.hard_inference == "expected" else 0.0, "float32")
         reinforce_term = ops.zeros((), "float32")
     terms = {"reward": mean_reward,
              "baseline": (ops.sum(baseline) / denominator if expected_baseline else baseline),
@@ -213,7 +213,7 @@ def _location_terms(model, out, targets, token_nll, steps, *, training,
 
 def _step_rewards(model, token_nll, steps):
     """`(reward (batch, T) credited to each step's sample, its mean per credit unit)`."""
-    if model.reinforce_credit == "token":
+    if model.options.reinforce_credit == "token":
         reward = -token_nll                                     # log p(y_t|...)
         return reward, ops.sum(reward) / ops.maximum(ops.sum(steps), 1.0)
     sequence = -ops.sum(token_nll, axis=1)                      # log p(y|l,a), (batch,)
@@ -236,7 +236,7 @@ def _glimpse_terms(model, out, targets, token_nll, steps, *, training) -> dict:
     baseline = ops.stop_gradient(average + correction)
     if training:
         surrogate = losses.reinforce_surrogate(
-            reward, baseline, out["sample_log_prob"], model.reinforce_lambda)
+            reward, baseline, out["sample_log_prob"], model.options.reinforce_lambda)
         reinforce_term = ops.sum(surrogate * steps) / denominator
     else:
         reinforce_term = ops.zeros((), "float32")

@@ -8,6 +8,7 @@ Subcommands: `run` (pipeline stages), `inspect` (metadata store), `serve`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -184,10 +185,8 @@ def config_reference_markdown() -> str:
     return "\n".join(lines)
 
 
-# ServeConfig field -> `captioner serve` flag.
-SERVE_FLAGS = {"host": "--host", "port": "--port", "rest_port": "--rest-port",
-               "poll_seconds": "--poll-seconds", "max_request_bytes": "--max-request-bytes",
-               "max_image_pixels": "--max-image-pixels", "max_decode_work": "--max-decode-work"}
+# ServeConfig field -> `captioner serve` flag (declared with the setting).
+SERVE_FLAGS = {f.name: f.metadata["flag"] for f in dataclasses.fields(config_lib.ServeConfig)}
 
 
 def serve_argv(argv: list[str]) -> list[str]:

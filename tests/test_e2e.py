@@ -50,6 +50,7 @@ def test_serve_and_caption_through_the_client(tiny_run):
     from components.evaluator.split_readers import read_images
     from serving.client.caption_client import CaptionClient
     from serving.server.model_server import ModelServer
+    from serving.server.options import ServerOptions
     props = _properties(summary["stages"]["Pusher"]["outputs"]["pushed_model"])
     vocab_dir = summary["stages"]["Preprocess"]["outputs"]["vocabulary"]
     with open(os.path.join(vocab_dir, "vocab.txt")) as f:
@@ -57,8 +58,7 @@ def test_serve_and_caption_through_the_client(tiny_run):
     examples = summary["stages"]["ExampleGen"]["outputs"]["examples"]
     images = list(read_images(examples, "test", _test_ids(examples)).values())[:3]
     assert images
-    server = ModelServer(model_base_path=os.path.dirname(props["path"]),
-                         model_name="captioner", port=0, rest_port=0).start()
+    server = ModelServer(model_base_path=os.path.dirname(props["path"]), model_name="captioner", options=ServerOptions(port=0, rest_port=0)).start()
     try:
         client = CaptionClient(server.grpc_address, model_name="captioner")
         results = client.caption(images)

@@ -110,17 +110,15 @@ class CaptionClient:
       timeout: seconds per attempt of each call.
       root_certificates: PEM bytes (or a path to a PEM file) of the CA that
         signed the server's certificate; enables TLS.
-      options: retries and message sizes (`ClientOptions`).
-      **tuning: fields of `ClientOptions` (`max_attempts=1`), replacing
-        those of `options`.
+      options: retries and message sizes (`ClientOptions`); None: the defaults.
     """
 
     def __init__(self, target: str, model_name: str = "captioner",
                  signature: str = "serving_default",
                  version: Optional[Union[int, str]] = None, timeout: float = 30.0,
                  root_certificates: Optional[Union[bytes, str]] = None, *,
-                 options: Optional[ClientOptions] = None, **tuning):
-        options = dataclasses.replace(options or ClientOptions(), **tuning)
+                 options: Optional[ClientOptions] = None):
+        options = options or ClientOptions()
         self.target = target
         self.model_name = model_name
         self.signature = signature

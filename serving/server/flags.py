@@ -7,9 +7,11 @@ dash-separated flags. Every other TF Serving flag is refused with a message
 that names it (`TF_SERVING_REFUSED`), never silently ignored; flags neither
 server knows are argparse errors.
 
-Defaults live here (`DEFAULTS`), not in the pipeline's config: `captioner
-serve --config NAME` (pipeline/cli.py) turns the config's `serve` section
-into flags placed before the user's, so the user's win.
+The settings, their defaults and help are declared once, in
+`ServerOptions` (serving/server/options.py); the flags of those that are
+plain values are generated from that declaration here (`_add_declared`).
+`captioner serve --config NAME` (pipeline/cli.py) turns the config's `serve`
+section into flags placed before the user's, so the user's win.
 """
 from __future__ import annotations
 
@@ -19,30 +21,11 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from serving.cli_help import DefaultsHelpFormatter, parse_bool
+from serving.server.options import DEFAULTS, ServerOptions
 from serving.versions.batching_parameters import BatchingParameters
+from serving.versions.model_config import VersionPolicy
 from serving.server.thread_choice import SMALL_ENCODER_GFLOPS
 
-
-@dataclass(frozen=True)
-class ServeDefaults:
-    """Defaults of `captioner serve` (and of `ModelServer`)."""
-    host: str = "127.0.0.1"
-    port: int = 8500
-    rest_port: int = 8501
-    poll_seconds: float = 1.0
-    max_request_bytes: int = 16 * 1024 * 1024
-    max_image_pixels: int = 40_000_000
-    max_images_per_request: int = 1000
-    max_request_pixels: int = 80_000_000
-    decode_memory_budget_mb: int = 2048
-    # Pixel-passes (serving/limits/decode_work.py): twice a 40 Mpx progressive CMYK
-    # JPEG's 0.96 G, the most any common encoder writes at the pixel limit.
-    max_decode_work: int = 2_000_000_000
-    max_threads: int = 64
-    max_load_retries: int = 5
-
-
-DEFAULTS = ServeDefaults()
 
 # tensorflow_model_server flags (tensorflow_serving/model_servers/main.cc)
 # that this server accepts, with what they do here.
@@ -137,9 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="captioner serve", allow_abbrev=False, formatter_class=DefaultsHelpFormatter,
         description="Serve SavedModel versions over TF Serving's gRPC and REST APIs. "
                     "tensorflow_model_server's flags are accepted too.")
-    _add_model_flags(p.add_argument_group("models"))
-    _add_network_flags(p.add_argument_group("network"))
-    _add_limit_flags(p.add_argument_group("limits"))
+    groups = {name: p.add_argument_group(name) for name in ("models", "network", "limits")}
+    _add_declared(groups)
+    _add_model_flags(groups["models"])
+    _add_network_flags(groups["network"])
     _add_batching_flags(p.add_argument_group("batching"))
     tf_group = p.add_argument_group("TensorFlow")
     tf_group.add_argument(
@@ -157,77 +141,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_declared(groups) -> None:
+    """The flags of the settings `ServerOptions` declares with flag spellings."""
+    for f in dataclasses.fields(ServerOptions):
+        spellings, group = f.metadata["flags"], f.metadata["group"]
+        if not spellings:
+            continue
+        kind = f.type if isinstance(f.type, type) else _TYPES.get(str(f.type), str)
+        help_text = f.metadata["help"]
+        if kind is bool and f.default is False and spellings[0].count("_") == 0:
+            groups[group].add_argument(*spellings, dest=f.name, action="store_true",
+                                       help=help_text + " (off by default)")
+        elif kind is bool:
+            groups[group].add_argument(*spellings, dest=f.name, default=f.default,
+                                       **_BOOL_FLAG, help=help_text)
+        else:
+            groups[group].add_argument(*spellings, dest=f.name, type=kind, default=f.default,
+                                       help=help_text)
+
+
+# `from __future__ import annotations` leaves field types as strings.
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "Optional[int]": int,
+          "Optional[float]": float, "Optional[str]": str, "Union[str, VersionPolicy]": str}
+
+
 def _add_model_flags(src) -> None:
     src.add_argument("--model-base-path", "--model_base_path", dest="model_base_path",
                      help="folder with integer version folders")
     src.add_argument("--model-name", "--model_name", dest="model_name", default="captioner",
                      help="name of the model at --model-base-path (default: captioner)")
-    src.add_argument("--model-config-file", "--model_config_file", dest="model_config_file",
-                     help="models.config (ModelServerConfig text)")
     src.add_argument("--model_config_file_poll_wait_seconds", type=float, default=0.0,
                      dest="config_poll_seconds",
                      help="seconds between re-reads of the config file (0: read once)")
-    src.add_argument("--model-version-policy", default="latest:1",
-                     help="latest:N | all | specific:1,2 for --model-base-path "
-                          "(default: latest:1)")
-    src.add_argument("--poll-seconds", "--file_system_poll_wait_seconds", type=float,
-                     dest="poll_seconds", default=DEFAULTS.poll_seconds,
-                     help="file-system poll interval; <= 0 polls once")
-    src.add_argument("--enable_model_warmup", dest="warmup", default=True, **_BOOL_FLAG,
-                     help="replay the warmup records of each version (default true)")
-    src.add_argument("--allow_version_labels_for_unavailable_models", dest="allow_labels",
-                     default=False, **_BOOL_FLAG)
-    src.add_argument("--max_num_load_retries", dest="max_load_retries", type=int,
-                     default=DEFAULTS.max_load_retries)
 
 
 def _add_network_flags(net) -> None:
-    net.add_argument("--host", default=DEFAULTS.host,
-                     help="address to bind (default: 127.0.0.1, loopback only)")
-    net.add_argument("--port", type=int, default=DEFAULTS.port, help="gRPC port (0: any free)")
     net.add_argument("--rest-port", type=int, dest="rest_port", default=DEFAULTS.rest_port,
                      help="REST port (0: any free, -1: no REST)")
     net.add_argument("--rest_api_port", type=int, dest="rest_port", action=_RestApiPort,
                      help="REST port (0: no REST, as in TF Serving)")
-    net.add_argument("--rest_api_num_threads", type=int, dest="rest_threads", default=0)
-    net.add_argument("--ssl-cert", help="PEM certificate chain: TLS on both ports")
-    net.add_argument("--ssl-key", help="PEM private key for --ssl-cert")
+    net.add_argument("--rest_api_num_threads", type=int, dest="rest_threads", default=0,
+                     help="REST requests handled at once (0: 4 per CPU)")
     net.add_argument("--ssl_config_file",
                      help="TF Serving SSLConfig text: TLS on the gRPC port only")
-    net.add_argument("--max-threads", "--grpc_max_threads", dest="max_threads", type=int,
-                     default=DEFAULTS.max_threads, help="gRPC worker threads")
-    net.add_argument("--enable_grpc_healthcheck_service", dest="health", default=True,
-                     **_BOOL_FLAG)
     net.add_argument("--monitoring_config_file",
                      help="TF Serving MonitoringConfig text: Prometheus metrics on the REST port")
-    net.add_argument("--ui", action="store_true",
-                     help="serve the attention explorer page at /ui/ on the REST port "
-                          "(off by default)")
-
-
-def _add_limit_flags(lim) -> None:
-    lim.add_argument("--max-request-bytes", type=int, default=DEFAULTS.max_request_bytes)
-    lim.add_argument("--max-image-pixels", type=int, default=DEFAULTS.max_image_pixels,
-                     help="refuse images whose header claims more pixels (0: no limit)")
-    lim.add_argument("--max-images-per-request", type=int,
-                     default=DEFAULTS.max_images_per_request,
-                     help="most images (string elements) and rows in one request, counted "
-                          "from the shape before anything is decoded (0: no limit)")
-    lim.add_argument("--max-request-pixels", type=int, default=DEFAULTS.max_request_pixels,
-                     help="most decoded pixels of all images of one request (0: no limit)")
-    lim.add_argument("--decode-memory-budget-mb", type=int,
-                     default=DEFAULTS.decode_memory_budget_mb,
-                     help="server-wide memory that requests in progress may need together; "
-                          "beyond it RESOURCE_EXHAUSTED / 429 (0: no budget)")
-    lim.add_argument("--max-decode-work", type=int, default=DEFAULTS.max_decode_work,
-                     help="refuse images whose estimated decode work exceeds this many "
-                          "pixel-passes: pixels x passes, a JPEG's scans, a PNG's 7 "
-                          "interlacing passes, a GIF's or WebP's frames (0: no limit)")
-    lim.add_argument("--decode-work-budget", type=int, default=None,
-                     help="pixel-passes that expensive requests in progress may hold "
-                          "together; more wait, up to their deadline, and one request may "
-                          "need no more (default: twice --max-decode-work; 0: no CPU "
-                          "admission)")
 
 
 def _add_batching_flags(bat) -> None:
@@ -257,3 +215,34 @@ def batching_from_args(args) -> Optional[BatchingParameters]:
             overrides["allowed_batch_sizes"] = ()
         base = dataclasses.replace(base, **overrides)
     return base
+
+
+def options_from_args(args) -> ServerOptions:
+    """The `ServerOptions` that parsed `captioner serve` flags ask for.
+
+    Reads the files the flags name (batching parameters, monitoring and SSL
+    configs).
+    Raises:
+      ValueError, OSError: a bad policy, an unreadable or malformed file, or
+        metrics asked for without a REST port.
+    """
+    declared = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerOptions)
+                if f.metadata["flags"]}
+    declared["version_policy"] = VersionPolicy.parse(args.version_policy)
+    metrics_path = None
+    if args.monitoring_config_file:
+        from serving.server.metrics import read_monitoring_config
+        enabled, path = read_monitoring_config(args.monitoring_config_file)
+        metrics_path = path if enabled else None
+        if enabled and args.rest_port < 0:
+            raise ValueError("--monitoring_config_file serves metrics on the REST port: "
+                             "set --rest_api_port")
+    ssl_config = None
+    if args.ssl_config_file:
+        from serving.server.config_protos import SSLConfig, parse_text_file
+        ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
+    return ServerOptions(
+        **declared, rest_port=args.rest_port if args.rest_port >= 0 else None,
+        batching=batching_from_args(args), config_poll_seconds=args.config_poll_seconds,
+        rest_threads=args.rest_threads or None, metrics_path=metrics_path,
+        ssl_config=ssl_config)

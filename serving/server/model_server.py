@@ -56,7 +56,8 @@ from serving.server.metrics import ServingMetrics
 from serving.versions.model_manager import LoadOptions, ModelManager, ModelSource, sources_from_config
 from serving.server.predictor import Predictor, RequestLimits
 from serving.server.rest import RestOptions, RestServer
-from serving.server.options import ServerOptions, options_from_args
+from serving.server.flags import options_from_args
+from serving.server.options import ServerOptions
 from serving.server.thread_choice import choose_intra_op
 from serving.ui.routes import UiFiles
 from serving.limits.work_admission import mark_pool
@@ -68,23 +69,20 @@ class ModelServer:
     """The server, usable in-process (tests, benchmarks) or from `main`.
 
     Give either `model_base_path` (+ `model_name`) or the options'
-    `model_config_file`. Settings come as `options` (a `ServerOptions`),
-    as keyword arguments naming its fields, or both (the keywords win):
-    `ModelServer(base, port=0, rest_port=0)`.
+    `model_config_file`. Every other setting is a field of `options`:
+    `ModelServer(base, options=ServerOptions(port=0, rest_port=0))`.
 
     Args:
       model_base_path: folder holding integer version folders.
       model_name: the name requests use for that model.
-      options: every other setting (`serving/server/options.py`).
-      **settings: fields of `ServerOptions`, replacing those of `options`.
+      options: every other setting (`serving/server/options.py`); None: the defaults.
     Raises:
       ValueError: conflicting settings (see `ServerOptions.checked`).
-      TypeError: a keyword that is not a field of `ServerOptions`.
     """
 
     def __init__(self, model_base_path: Optional[str] = None, model_name: str = "captioner", *,
-                 options: Optional[ServerOptions] = None, **settings):
-        options = dataclasses.replace(options or ServerOptions(), **settings)
+                 options: Optional[ServerOptions] = None):
+        options = options or ServerOptions()
         self.options = options.checked(model_base_path)
         self.model_base_path = model_base_path
         self.model_name = model_name

@@ -1,93 +1,116 @@
-"""What a `ModelServer` is told: `ServerOptions`, and how `captioner serve`'s flags map to it."""
+"""What a `ModelServer` is told: `ServerOptions`, the one declaration of the server's settings.
+
+Each field carries its default, type (the annotation) and help text, and
+where it is a flag of `captioner serve`, its spellings and flag group
+(`field.metadata`, written by `setting`). From this declaration come:
+
+- the flags of those settings (`serving/server/flags.py`, `build_parser`);
+- the pipeline config's `serve` section, the fields marked `config=True`
+  (`components/contract/config/sections.py`, `ServeConfig`), and its rows
+  in the config reference (docs/configuration.md, `make docs`);
+- `RestOptions`' body limit (`serving/server/rest.py`).
+
+The settings whose flag is a file the server parses (batching parameters,
+monitoring and SSL configs) or that TF Serving spells with another meaning
+(`--rest_api_port=0` turns REST off) keep hand-written flags in
+`flags.py`, with their defaults read from here.
+"""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from serving.versions.batching_parameters import BatchingParameters
-from serving.server.flags import DEFAULTS, batching_from_args
-from serving.versions.model_config import VersionPolicy
+if TYPE_CHECKING:  # kept light: the pipeline's config imports this declaration
+    from serving.versions.batching_parameters import BatchingParameters
+    from serving.versions.model_config import VersionPolicy
+
+
+def setting(default: Any, help: str, *flags: str, group: str = "", config: bool = False,
+            config_flag: str = ""):
+    """A `ServerOptions` field: its default and help, its flag spellings and group, and
+    whether the pipeline config's `serve` section has it (`config=True`, passed to
+    `captioner serve` as `config_flag`, default the first spelling)."""
+    return field(default=default, metadata={
+        "help": help, "flags": flags, "group": group, "config": config,
+        "config_flag": config_flag or (flags[0] if flags else "")})
 
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """Every setting of `ModelServer` but the model's path and name.
-
-    Attributes:
-      model_config_file: a `models.config` (ModelServerConfig text format),
-        instead of `ModelServer`'s `model_base_path`.
-      host: address to bind both ports to (default loopback only).
-      port: gRPC port; 0 picks a free one (see `ModelServer.grpc_port`).
-      rest_port: REST port; 0 picks a free one; None or negative: no REST.
-      poll_seconds: seconds between file-system polls; <= 0 polls once.
-      version_policy: `latest:N`, `all`, `specific:1,2` or a VersionPolicy.
-      batching: BatchingParameters to batch concurrent requests, or None.
-      ssl_cert, ssl_key: PEM files; when both are given, gRPC and REST use TLS.
-      max_request_bytes: gRPC messages (RESOURCE_EXHAUSTED) and REST bodies
-        (413) larger than this are refused.
-      max_image_pixels: images whose header claims more pixels are refused
-        (INVALID_ARGUMENT) before decoding; 0 disables the check.
-      max_images_per_request: most images (string elements) and rows in one
-        request, checked from the shapes before anything is materialized;
-        0: no limit.
-      max_request_pixels: most decoded pixels of all images of one request;
-        0: no limit.
-      decode_memory_budget_mb: MiB that requests in progress may need
-        together (estimated before decoding, `serving/limits/admission.py`); a
-        request that does not fit gets RESOURCE_EXHAUSTED (REST 429); 0: no
-        budget.
-      max_decode_work: most decode work (pixel-passes) of one image
-        (`serving/limits/decode_work.py`); 0: no limit.
-      decode_work_budget: pixel-passes that expensive requests in progress
-        may hold together (`serving/limits/work_admission.py`); None: twice
-        `max_decode_work`; 0: no CPU admission.
-      decode_lanes: expensive requests decoding at once; None: TensorFlow's
-        inter-op threads less one.
-      max_threads: gRPC worker threads (concurrent requests in progress).
-      config_poll_seconds: seconds between re-reads of `model_config_file`;
-        <= 0: read once; None: at every file-system poll.
-      rest_threads: REST requests handled at once (None: 4 per CPU).
-      metrics_path: when set, TF Serving's Prometheus metrics are served at
-        this path of the REST port.
-      warmup: replay each version's warmup records before serving it.
-      allow_version_labels_for_unavailable_models: TF Serving's flag of that
-        name, for HandleReloadConfigRequest.
-      max_load_retries: load attempts after a version's first failure.
-      ssl_config: a TF Serving `SSLConfig` (serving/server/config_protos.py): TLS
-        on the gRPC port from PEM text, client certificates checked against
-        `custom_ca` when `client_verify`; REST stays plain, as in TF Serving.
-      health_service: register `grpc.health.v1.Health`.
-      ui: serve the attention explorer page at `/ui/` on the REST port
-        (`serving/ui/routes.py`).
-    """
-    model_config_file: Optional[str] = None
-    host: str = DEFAULTS.host
-    port: int = DEFAULTS.port
-    rest_port: Optional[int] = DEFAULTS.rest_port
-    poll_seconds: float = DEFAULTS.poll_seconds
-    version_policy: Union[str, VersionPolicy] = "latest:1"
-    batching: Optional[BatchingParameters] = None
-    ssl_cert: Optional[str] = None
-    ssl_key: Optional[str] = None
-    max_request_bytes: int = DEFAULTS.max_request_bytes
-    max_image_pixels: int = DEFAULTS.max_image_pixels
-    max_images_per_request: int = DEFAULTS.max_images_per_request
-    max_request_pixels: int = DEFAULTS.max_request_pixels
-    decode_memory_budget_mb: int = DEFAULTS.decode_memory_budget_mb
-    max_decode_work: int = DEFAULTS.max_decode_work
-    decode_work_budget: Optional[int] = None
-    decode_lanes: Optional[int] = None
-    max_threads: int = DEFAULTS.max_threads
-    config_poll_seconds: Optional[float] = None
-    rest_threads: Optional[int] = None
-    metrics_path: Optional[str] = None
-    warmup: bool = True
-    allow_version_labels_for_unavailable_models: bool = False
-    max_load_retries: int = DEFAULTS.max_load_retries
-    ssl_config: Any = None
-    health_service: bool = True
-    ui: bool = False
+    """Every setting of `ModelServer` but the model's path and name (see each field's help)."""
+    model_config_file: Optional[str] = setting(
+        None, "models.config (ModelServerConfig text), instead of --model-base-path",
+        "--model-config-file", "--model_config_file", group="models")
+    host: str = setting("127.0.0.1", "address to bind (default: loopback only)", "--host",
+                        group="network", config=True)
+    port: int = setting(8500, "gRPC port (0: any free)", "--port", group="network", config=True)
+    rest_port: Optional[int] = setting(
+        8501, "REST port (0: any free, -1 or None: no REST)", group="network", config=True,
+        config_flag="--rest-port")
+    poll_seconds: float = setting(
+        1.0, "seconds between polls of the model folders; <= 0 polls once", "--poll-seconds",
+        "--file_system_poll_wait_seconds", group="models", config=True)
+    version_policy: Union[str, VersionPolicy] = setting(
+        "latest:1", "latest:N | all | specific:1,2 for --model-base-path",
+        "--model-version-policy", group="models")
+    batching: Optional[BatchingParameters] = setting(
+        None, "BatchingParameters to batch concurrent requests, or None")
+    ssl_cert: Optional[str] = setting(None, "PEM certificate chain: TLS on both ports",
+                                      "--ssl-cert", group="network")
+    ssl_key: Optional[str] = setting(None, "PEM private key for --ssl-cert", "--ssl-key",
+                                     group="network")
+    max_request_bytes: int = setting(
+        16 * 1024 * 1024, "larger gRPC messages get RESOURCE_EXHAUSTED, larger REST bodies 413",
+        "--max-request-bytes", group="limits", config=True)
+    max_image_pixels: int = setting(
+        40_000_000, "refuse images whose header claims more pixels, before decoding "
+        "(INVALID_ARGUMENT; 0: no limit)", "--max-image-pixels", group="limits", config=True)
+    max_images_per_request: int = setting(
+        1000, "most images (string elements) and rows in one request, counted from the shape "
+        "before anything is decoded (0: no limit)", "--max-images-per-request", group="limits")
+    max_request_pixels: int = setting(
+        80_000_000, "most decoded pixels of all images of one request (0: no limit)",
+        "--max-request-pixels", group="limits")
+    decode_memory_budget_mb: int = setting(
+        2048, "server-wide memory (MiB) that requests in progress may need together, "
+        "estimated before decoding; beyond it RESOURCE_EXHAUSTED / 429 (0: no budget)",
+        "--decode-memory-budget-mb", group="limits")
+    # Pixel-passes (serving/limits/decode_work.py): twice a 40 Mpx progressive
+    # CMYK JPEG's 0.96 G, the most any common encoder writes at the pixel limit.
+    max_decode_work: int = setting(
+        2_000_000_000, "refuse images whose estimated decode work exceeds this many "
+        "pixel-passes: pixels x passes, a JPEG's scans, a PNG's 7 interlacing passes, a GIF's "
+        "or WebP's frames (0: no limit)", "--max-decode-work", group="limits", config=True)
+    decode_work_budget: Optional[int] = setting(
+        None, "pixel-passes that expensive requests in progress may hold together; more wait, "
+        "up to their deadline, and one request may need no more (default: twice "
+        "--max-decode-work; 0: no CPU admission)", "--decode-work-budget", group="limits")
+    decode_lanes: Optional[int] = setting(
+        None, "expensive requests decoding at once; None: TensorFlow's inter-op threads less one")
+    max_threads: int = setting(64, "gRPC worker threads (requests in progress)",
+                               "--max-threads", "--grpc_max_threads", group="network")
+    config_poll_seconds: Optional[float] = setting(
+        None, "seconds between re-reads of the config file; <= 0: read once; None: at every "
+        "file-system poll")
+    rest_threads: Optional[int] = setting(
+        None, "REST requests handled at once (None: 4 per CPU, as in TF Serving)")
+    metrics_path: Optional[str] = setting(
+        None, "URL path of TF Serving's Prometheus metrics on the REST port, or None")
+    warmup: bool = setting(True, "replay the warmup records of each version before serving it",
+                           "--enable_model_warmup", group="models")
+    allow_version_labels_for_unavailable_models: bool = setting(
+        False, "a new version label may name a version that is not loaded yet",
+        "--allow_version_labels_for_unavailable_models", group="models")
+    max_load_retries: int = setting(5, "load attempts after a version's first failure",
+                                    "--max_num_load_retries", group="models")
+    ssl_config: Any = setting(
+        None, "a TF Serving SSLConfig (serving/server/config_protos.py): TLS on the gRPC port "
+        "from PEM text, client certificates checked against custom_ca when client_verify")
+    health_service: bool = setting(True, "register grpc.health.v1.Health",
+                                   "--enable_grpc_healthcheck_service", group="network")
+    ui: bool = setting(False, "serve the attention explorer page at /ui/ on the REST port",
+                       "--ui", group="network")
 
     def checked(self, model_base_path: Optional[str]) -> "ServerOptions":
         """These options with the version policy parsed.
@@ -106,46 +129,20 @@ class ServerOptions:
                                                 and self.ssl_config.server_cert):
             raise ValueError("ssl_config needs server_key and server_cert")
         if isinstance(self.version_policy, str):
+            from serving.versions.model_config import VersionPolicy
             return dataclasses.replace(self, version_policy=VersionPolicy.parse(
                 self.version_policy))
         return self
 
 
-def options_from_args(args) -> ServerOptions:
-    """The `ServerOptions` that parsed `captioner serve` flags ask for.
+DEFAULTS = ServerOptions()
 
-    Reads the files the flags name (batching parameters, monitoring and SSL
-    configs).
-    Raises:
-      ValueError, OSError: a bad policy, an unreadable or malformed file, or
-        metrics asked for without a REST port.
-    """
-    policy = VersionPolicy.parse(args.model_version_policy)
-    batching = batching_from_args(args)
-    metrics_path = None
-    if args.monitoring_config_file:
-        from serving.server.metrics import read_monitoring_config
-        enabled, path = read_monitoring_config(args.monitoring_config_file)
-        metrics_path = path if enabled else None
-        if enabled and args.rest_port < 0:
-            raise ValueError("--monitoring_config_file serves metrics on the REST port: "
-                             "set --rest_api_port")
-    ssl_config = None
-    if args.ssl_config_file:
-        from serving.server.config_protos import SSLConfig, parse_text_file
-        ssl_config = parse_text_file(args.ssl_config_file, SSLConfig)
-    return ServerOptions(
-        model_config_file=args.model_config_file, host=args.host, port=args.port,
-        rest_port=args.rest_port if args.rest_port >= 0 else None,
-        poll_seconds=args.poll_seconds, version_policy=policy,
-        batching=batching, ssl_cert=args.ssl_cert, ssl_key=args.ssl_key,
-        max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels,
-        max_images_per_request=args.max_images_per_request,
-        max_request_pixels=args.max_request_pixels,
-        decode_memory_budget_mb=args.decode_memory_budget_mb,
-        max_decode_work=args.max_decode_work, decode_work_budget=args.decode_work_budget,
-        max_threads=args.max_threads, config_poll_seconds=args.config_poll_seconds,
-        rest_threads=args.rest_threads or None, metrics_path=metrics_path,
-        warmup=args.warmup, allow_version_labels_for_unavailable_models=args.allow_labels,
-        max_load_retries=args.max_load_retries, ssl_config=ssl_config,
-        health_service=args.health, ui=args.ui)
+
+def declared(name: str) -> dataclasses.Field:
+    """The declaration (field) of the setting `name`."""
+    return next(f for f in dataclasses.fields(ServerOptions) if f.name == name)
+
+
+def config_settings() -> list[dataclasses.Field]:
+    """The settings the pipeline config's `serve` section has, in declaration order."""
+    return [f for f in dataclasses.fields(ServerOptions) if f.metadata.get("config")]

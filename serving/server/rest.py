@@ -50,6 +50,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 from serving.server import rest_json
 from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
 from serving.errors import ServingError, invalid_argument
+from serving.server.options import DEFAULTS
 from serving.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from serving.server.metrics import ServingMetrics
 from serving.server.predictor import SIGNATURE_DEF, Predictor, RunElsewhere, output_aliases
@@ -85,7 +86,7 @@ class RestOptions:
       fast_path: run a small predict request on the event loop when it is
         alone (see the module doc); False: every request goes to the pool.
     """
-    max_request_bytes: int = 16 << 20
+    max_request_bytes: int = DEFAULTS.max_request_bytes
     ssl_cert: Optional[str] = None
     ssl_key: Optional[str] = None
     num_threads: Optional[int] = None
@@ -104,17 +105,14 @@ class RestServer:
       metrics: when given with `options.metrics_path`, served there in
         Prometheus text format, and every request is counted in it.
       ui: when given, answers `/ui` paths (the attention explorer page).
-      **settings: fields of `RestOptions` (`num_threads=2`), replacing those
-        of `options`.
     Raises:
       OSError: the port cannot be bound.
     """
 
     def __init__(self, predictor: Predictor, host: str = "127.0.0.1", port: int = 8501,
                  options: Optional[RestOptions] = None, *,
-                 metrics: Optional[ServingMetrics] = None, ui: Optional[UiFiles] = None,
-                 **settings):
-        options = dataclasses.replace(options or RestOptions(), **settings)
+                 metrics: Optional[ServingMetrics] = None, ui: Optional[UiFiles] = None):
+        options = options or RestOptions()
         self.host = host
         self._socket = bind_socket(host, port)
         self.port = self._socket.getsockname()[1]

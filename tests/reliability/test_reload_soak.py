@@ -22,6 +22,7 @@ from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.client.caption_client import CaptionClient
+from serving.client.caption_client import ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import publish_version, solid_image
 
@@ -89,8 +90,7 @@ def test_reloads_under_load_fail_no_request(model_store, serve_process, tmp_path
 
     def client(index):
         target = ("stable", "canary", None)[index % 3]
-        with CaptionClient(server.grpc_address, timeout=60, max_attempts=1,
-                           version=target) as caption_client:
+        with CaptionClient(server.grpc_address, timeout=60, version=target, options=ClientOptions(max_attempts=1)) as caption_client:
             while not stop.is_set():
                 before = possible(target)
                 try:

@@ -67,7 +67,7 @@ def test_binds_loopback_by_default(base):
     assert ServeConfig().host == LOOPBACK
     assert build_parser().parse_args(["--model-base-path", base]).host == LOOPBACK
     assert ServerOptions().host == LOOPBACK
-    server = ModelServer(base, port=0, rest_port=0, poll_seconds=0).start()  # no host given
+    server = ModelServer(base, options=ServerOptions(port=0, rest_port=0, poll_seconds=0)).start()  # no host given
     try:
         assert server.describe().startswith(f"serving: grpc={LOOPBACK}:")
         assert listening(server.grpc_port) == {LOOPBACK}
@@ -97,7 +97,7 @@ def test_limits_have_safe_defaults(base):
     assert options.max_request_bytes == defaults.max_request_bytes
     assert options.max_image_pixels == defaults.max_image_pixels
 
-    server = ModelServer(base, port=0, rest_port=0, poll_seconds=0).start()
+    server = ModelServer(base, options=ServerOptions(port=0, rest_port=0, poll_seconds=0)).start()
     try:
         channel = grpc.insecure_channel(server.grpc_address)
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -128,9 +128,7 @@ def test_limits_have_safe_defaults(base):
 def test_limits_are_configurable(base):
     args = build_parser().parse_args(["--model-base-path", base, "--max-request-bytes",
                                       "65536", "--max-image-pixels", "10000"])
-    server = ModelServer(base, port=0, rest_port=0, poll_seconds=0,
-                         max_request_bytes=args.max_request_bytes,
-                         max_image_pixels=args.max_image_pixels).start()
+    server = ModelServer(base, options=ServerOptions(port=0, rest_port=0, poll_seconds=0, max_request_bytes=args.max_request_bytes, max_image_pixels=args.max_image_pixels)).start()
     try:
         channel = grpc.insecure_channel(server.grpc_address)
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -196,7 +194,7 @@ def test_no_request_path_reads_outside_the_model_folders(tmp_path, base, model_s
              "captioner/../" + relative, "file://" + str(secret), str(secret) + "\x00",
              base, os.path.join(base, "1"), "../captioner", "./captioner", "captioner/1",
              quote(str(secret), safe=""), "%2e%2e/outside/secret"]
-    server = ModelServer(base, port=0, rest_port=0, poll_seconds=0).start()  # polls once
+    server = ModelServer(base, options=ServerOptions(port=0, rest_port=0, poll_seconds=0)).start()  # polls once
     access = FileAccess(monkeypatch)
     access.on = True
     assert tf.io.gfile.exists(str(secret)) and str(secret) in access.paths  # hooks work

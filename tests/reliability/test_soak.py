@@ -21,6 +21,7 @@ import time
 import pytest
 
 from serving.client.caption_client import CaptionClient
+from serving.client.caption_client import ClientOptions
 from tests.serving.conftest import RED, remove_version
 from tests.serving.fixtures import (build_fixture_model, expected_caption, publish_version,
                                     solid_image)
@@ -75,7 +76,7 @@ def test_soak_versions_come_and_go_without_failures(models, serve_process, tmp_p
     lock = threading.Lock()
 
     def client_loop(index: int):
-        with CaptionClient(server.grpc_address, max_attempts=1, timeout=30) as client:
+        with CaptionClient(server.grpc_address, timeout=30, options=ClientOptions(max_attempts=1)) as client:
             while not stop.is_set():
                 try:
                     (result,) = client.caption([image], attention=False)

@@ -39,16 +39,18 @@ def make_base(tmp_path, model_store):
 
 @pytest.fixture
 def start_server():
-    """start_server(**ModelServer kwargs) -> a started server, stopped after the test."""
+    """start_server(base, name, **ServerOptions fields) -> a started server, stopped after the test."""
     from serving.server.model_server import ModelServer
+    from serving.server.options import ServerOptions
 
     servers = []
 
-    def start(*args, **kwargs):
-        kwargs.setdefault("port", 0)
-        kwargs.setdefault("rest_port", 0)
-        kwargs.setdefault("poll_seconds", 0.1)
-        server = ModelServer(*args, **kwargs).start()
+    def start(model_base_path=None, model_name="captioner", **settings):
+        settings.setdefault("port", 0)
+        settings.setdefault("rest_port", 0)
+        settings.setdefault("poll_seconds", 0.1)
+        server = ModelServer(model_base_path, model_name,
+                             options=ServerOptions(**settings)).start()
         servers.append(server)
         return server
 

@@ -10,6 +10,7 @@ import pytest
 from serving.versions.batch_scheduler import BatchScheduler
 from serving.versions.batching_parameters import BatchingParameters
 from serving.client.caption_client import CaptionClient, CaptionError
+from serving.client.caption_client import ClientOptions
 from serving.errors import ServingError, invalid_argument
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import expected_caption, solid_image
@@ -122,7 +123,7 @@ IMAGES = [solid_image(RED), solid_image(BLUE, fmt="JPEG"), solid_image(GREEN, fm
 
 def caption_concurrently(address, images):
     def one(image):
-        with CaptionClient(address, max_attempts=1) as client:
+        with CaptionClient(address, options=ClientOptions(max_attempts=1)) as client:
             return client.caption([image])[0]
     return run_concurrently(one, images)
 

@@ -11,6 +11,7 @@ from PIL import Image
 
 from serving.client.attention_figure import save_attention_figure, upsample_attention
 from serving.client.caption_client import CaptionClient, CaptionError
+from serving.client.caption_client import ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 
@@ -26,8 +27,7 @@ def test_retries_unavailable_until_the_server_is_up(make_base, start_server):
         answers = []
 
         def call():
-            with CaptionClient(f"127.0.0.1:{port}", max_attempts=50, initial_backoff=0.05,
-                               max_backoff=0.5) as client:
+            with CaptionClient(f"127.0.0.1:{port}", options=ClientOptions(max_attempts=50, initial_backoff=0.05, max_backoff=0.5)) as client:
                 answers.append(client.caption([solid_image(RED)]))
 
         thread = threading.Thread(target=call)
@@ -49,8 +49,7 @@ def test_gives_up_after_bounded_retries_with_a_clear_error():
     with socket.socket() as bound:  # bound, not listening: every connection is refused
         bound.bind(("127.0.0.1", 0))
         port = bound.getsockname()[1]
-        client = CaptionClient(f"127.0.0.1:{port}", max_attempts=3, initial_backoff=0.05,
-                               max_backoff=0.1, timeout=2)
+        client = CaptionClient(f"127.0.0.1:{port}", timeout=2, options=ClientOptions(max_attempts=3, initial_backoff=0.05, max_backoff=0.1))
         stub, attempts = client._predictions, []
 
         class CountingStub:

@@ -97,7 +97,7 @@ def test_tf_serving_flag_meanings():
                               "--rest_api_num_threads=5"])
     assert args.rest_port == -1  # TF Serving: 0 turns REST off
     assert args.warmup is False and args.enable_batching is True
-    assert args.poll_seconds == 3 and args.max_threads == 7 and args.allow_labels is True
+    assert args.poll_seconds == 3 and args.max_threads == 7 and args.allow_version_labels_for_unavailable_models is True
     assert args.rest_threads == 5
     assert args.config_poll_seconds == 0  # unset: the config file is read once
     defaults = parser.parse_args(["--model-base-path", "/m"])

@@ -14,7 +14,9 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      predict_pb2, prediction_service_pb2_grpc)
 
 from serving.client.caption_client import CaptionClient, CaptionError
+from serving.client.caption_client import ClientOptions
 from serving.server.model_server import ModelServer
+from serving.server.options import ServerOptions
 from serving.tensors import ndarray_to_tensor_proto
 from tests.serving.conftest import BLUE, GREEN, RED
 from tests.serving.fixtures import (b64, expected_caption, publish_version, rest_call,
@@ -28,15 +30,14 @@ def server(tmp_path_factory, model_store):
     base = tmp_path_factory.mktemp("server") / "captioner"
     base.mkdir()
     publish_version(model_store["image"], str(base), 1)
-    server = ModelServer(str(base), port=0, rest_port=0, poll_seconds=0.2,
-                         max_request_bytes=MAX_REQUEST_BYTES, max_image_pixels=1_000_000).start()
+    server = ModelServer(str(base), options=ServerOptions(port=0, rest_port=0, poll_seconds=0.2, max_request_bytes=MAX_REQUEST_BYTES, max_image_pixels=1_000_000)).start()
     yield server
     server.stop(grace=1)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with CaptionClient(server.grpc_address, max_attempts=1) as client:
+    with CaptionClient(server.grpc_address, options=ClientOptions(max_attempts=1)) as client:
         yield client
 
 

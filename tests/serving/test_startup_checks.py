@@ -59,7 +59,8 @@ def test_serve_and_caption_help_show_defaults():
     from serving.server.flags import build_parser
     serve_help = " ".join(build_parser().format_help().split())
     for text in ("--port PORT gRPC port (0: any free) (default: 8500)",
-                 "--max_num_load_retries MAX_LOAD_RETRIES (default: 5)"):
+                 "--max_num_load_retries MAX_LOAD_RETRIES load attempts after a version's "
+                 "first failure (default: 5)"):
         assert text in serve_help
     caption_help = " ".join(_parser().format_help().split())
     assert "--timeout TIMEOUT (default: 30.0)" in caption_help

@@ -88,10 +88,10 @@ def test_the_server_reads_the_cost_before_tensorflow_starts_and_sets_one_thread(
         "paths = _model_base_paths(args)\n"
         "choice = choose_intra_op(None, paths)\n"
         "started = context.context()._context_handle is not None\n"
-        "_set_tf_threads(choice.intra_op, 0, 'auto')\n"
+        "_set_tf_threads(choice.intra_op, 0)\n"
         "tf.constant(1.0) + 1.0\n"
         "print(len(paths), started, choice.intra_op, "
-        "context.context().config.intra_op_parallelism_threads)\n")
+        "tf.config.threading.get_intra_op_parallelism_threads())\n")
     assert fresh_process_words(code)[-4:] == ["1", "False", "1", "1"]
 
 

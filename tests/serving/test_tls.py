@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from serving.client.caption_client import CaptionClient, CaptionError
+from serving.client.caption_client import ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 
@@ -48,7 +49,7 @@ def test_tls_grpc_and_rest(make_base, start_server, tmp_path):
     assert "tls=on" in server.describe() and server.rest_url.startswith("https://")
     with CaptionClient(server.grpc_address, root_certificates=cert) as client:
         assert client.caption([solid_image(RED)])[0]["caption"] == expected_caption(RED)
-    with CaptionClient(server.grpc_address, max_attempts=1, timeout=5) as plaintext:
+    with CaptionClient(server.grpc_address, timeout=5, options=ClientOptions(max_attempts=1)) as plaintext:
         with pytest.raises(CaptionError) as info:
             plaintext.caption([solid_image(RED)])
         assert info.value.code == grpc.StatusCode.UNAVAILABLE

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from serving.client.caption_client import CaptionClient, CaptionError
+from serving.client.caption_client import ClientOptions
 from serving.versions.model_manager import VersionPolicy, read_model_config
 from tests.serving.conftest import BLUE, RED, remove_version
 from tests.serving.fixtures import expected_caption, publish_version, solid_image
@@ -29,7 +30,7 @@ def test_new_version_swaps_in_under_load_without_failures(make_base, model_store
     seen, errors, stop = [], [], threading.Event()
 
     def hammer():
-        with CaptionClient(server.grpc_address, max_attempts=1, timeout=30) as client:
+        with CaptionClient(server.grpc_address, timeout=30, options=ClientOptions(max_attempts=1)) as client:
             while not stop.is_set():
                 try:
                     (result,) = client.caption([image], attention=False)
@@ -77,7 +78,7 @@ def test_removed_version_is_unloaded(make_base, start_server):
     base = make_base({1: "image", 2: "square"})
     server = start_server(base, version_policy="latest:2")
     assert server.manager.available_versions("captioner") == [1, 2]
-    with CaptionClient(server.grpc_address, version=2, max_attempts=1) as pinned:
+    with CaptionClient(server.grpc_address, version=2, options=ClientOptions(max_attempts=1)) as pinned:
         assert pinned.caption([solid_image(RED)])[0]["caption"].endswith("square")
         remove_version(base, 2)
         assert server.manager.wait_for_version("captioner", 2, timeout=10, available=False)
@@ -182,7 +183,7 @@ model_config_list {{
     deadline = time.monotonic() + 10
     while "other" in server.manager.model_names and time.monotonic() < deadline:
         time.sleep(0.05)
-    with CaptionClient(server.grpc_address, model_name="other", max_attempts=1) as client:
+    with CaptionClient(server.grpc_address, model_name="other", options=ClientOptions(max_attempts=1)) as client:
         with pytest.raises(CaptionError) as info:
             client.caption([image])
         assert info.value.code == grpc.StatusCode.NOT_FOUND
@@ -219,7 +220,7 @@ def test_health_not_serving_until_a_version_arrives(tmp_path, model_store, start
     health = health_pb2_grpc.HealthStub(channel)
     check = lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
     assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
-    with CaptionClient(server.grpc_address, max_attempts=1) as client:
+    with CaptionClient(server.grpc_address, options=ClientOptions(max_attempts=1)) as client:
         with pytest.raises(CaptionError) as info:
             client.caption([solid_image(RED)])
         assert info.value.code == grpc.StatusCode.NOT_FOUND

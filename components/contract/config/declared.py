@@ -2,7 +2,9 @@
 
 A stage sees the config through a `DeclaredConfig`: only the sections (or
 `section.key`s) its DAG entry declares can be read, so the stage's cache key,
-built from the same declaration, covers everything the stage reads.
+built from the same declaration, covers everything the stage reads. The
+declared values are copied in as plain attributes; `__getattr__` runs only
+for a name that is not one, to say what to declare.
 """
 from __future__ import annotations
 
@@ -42,23 +44,23 @@ def parse_declaration(declared: Sequence[str]) -> dict[str, frozenset | None]:
 
 
 class _DeclaredSection:
-    """One section of which only some keys are declared."""
+    """One section of which only some keys are declared: those keys are its attributes."""
 
     def __init__(self, section: Any, name: str, keys: frozenset, stage: str):
-        self._section, self._name, self._keys, self._stage = section, name, keys, stage
+        self.__dict__.update({k: getattr(section, k) for k in keys})
+        self._name, self._keys, self._stage = name, keys, stage
 
     def __getattr__(self, key: str) -> Any:
-        if key.startswith("__"):
+        # Only reached for a key that is not an attribute: explain the miss.
+        if key.startswith("_"):
             raise AttributeError(key)
-        if key not in self._keys:
-            raise UndeclaredConfigError(
-                f"{self._stage} read config key {self._name}.{key}, which its DAG entry "
-                f"does not declare (declared in [{self._name}]: {', '.join(sorted(self._keys))})"
-                f"; add it to the stage's config in pipeline/dag.py")
-        return getattr(self._section, key)
+        raise UndeclaredConfigError(
+            f"{self._stage} read config key {self._name}.{key}, which its DAG entry "
+            f"does not declare (declared in [{self._name}]: {', '.join(sorted(self._keys))})"
+            f"; add it to the stage's config in pipeline/dag.py")
 
     def to_dict(self) -> dict:
-        return {k: to_dict(getattr(self._section, k)) for k in sorted(self._keys)}
+        return {k: to_dict(self.__dict__[k]) for k in sorted(self._keys)}
 
 
 class DeclaredConfig:
@@ -78,6 +80,11 @@ class DeclaredConfig:
         self._declaration = tuple(declared)
         self._declared = parse_declaration(declared)
         self._stage = stage
+        # The declared sections are plain attributes; nothing else is.
+        for section, keys in self._declared.items():
+            value = getattr(config, section)
+            self.__dict__[section] = (value if keys is None
+                                      else _DeclaredSection(value, section, keys, stage))
 
     def replace_section(self, section: str, **changes) -> "DeclaredConfig":
         """The same view of a config whose `section` has `changes` (see `replace_section`)."""
@@ -90,16 +97,13 @@ class DeclaredConfig:
         return self._config.name
 
     def __getattr__(self, section: str) -> Any:
-        if section.startswith("__"):
+        # Only reached for a section that is not an attribute: explain the miss.
+        if section.startswith("_"):
             raise AttributeError(section)
-        if section not in self._declared:
-            raise UndeclaredConfigError(
-                f"{self._stage} read config section [{section}], which its DAG entry does not "
-                f"declare (declared: {', '.join(sorted(self._declared)) or 'nothing'}); add it "
-                "to the stage's config in pipeline/dag.py")
-        keys = self._declared[section]
-        value = getattr(self._config, section)
-        return value if keys is None else _DeclaredSection(value, section, keys, self._stage)
+        raise UndeclaredConfigError(
+            f"{self._stage} read config section [{section}], which its DAG entry does not "
+            f"declare (declared: {', '.join(sorted(self._declared)) or 'nothing'}); add it "
+            "to the stage's config in pipeline/dag.py")
 
     def to_dict(self) -> dict:
         """The declared part of the config: what keys a stage's cache."""

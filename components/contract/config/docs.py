@@ -14,12 +14,14 @@ def describe_fields() -> list[tuple[str, str, Any, str]]:
     rows = []
     for section in SECTIONS:
         cls = _field_types(PipelineConfig)[section]
-        source = inspect.getsource(cls)
-        comments = {}
-        for line in source.splitlines():
-            m = re.match(r"\s+(\w+):[^#]*#\s*(.*)$", line)
-            if m:
-                comments[m.group(1)] = m.group(2).strip()
+        # The help is the field's declared `help`, else its source line's comment.
+        comments = {f.name: f.metadata["help"] for f in dataclasses.fields(cls)
+                    if "help" in f.metadata}
+        if len(comments) < len(dataclasses.fields(cls)):
+            for line in inspect.getsource(cls).splitlines():
+                m = re.match(r"\s+(\w+):[^#]*#\s*(.*)$", line)
+                if m:
+                    comments.setdefault(m.group(1), m.group(2).strip())
         default = cls()
         for f in dataclasses.fields(cls):
             typ = _field_types(cls)[f.name]

@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from components.contract.config.values import CAPTION_METRICS, GROUNDING_METRICS
+from serving.server import options as server_options
+from serving.versions.batching_parameters import BatchingParameters
+
+# The server's batching defaults, which the pushed batching_parameters.txt starts from.
+_BATCHING = BatchingParameters()
 
 
 @dataclass(frozen=True)
@@ -191,25 +196,31 @@ class PushConfig:
     serving_dir: str = ""              # empty = <root>/serving
     model_name: str = "captioner"      # model name in TF Serving
     keep_versions: int = 3             # newest versions kept in the serving folder
-    max_batch_size: int = 32           # batching_parameters.txt
-    batch_timeout_micros: int = 2000   # batching_parameters.txt
+    max_batch_size: int = _BATCHING.max_batch_size  # batching_parameters.txt: most requests' rows in one run
+    batch_timeout_micros: int = _BATCHING.batch_timeout_micros  # batching_parameters.txt: how long a batch waits for more requests
     num_warmup_requests: int = 2       # records in assets.extra/tf_serving_warmup_requests
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """`captioner serve --config NAME` settings (each becomes the flag of that name).
+def _serve_section() -> type:
+    """`ServeConfig`: the server settings its declaration marks for the config.
 
-    The defaults equal the server's own (`serving/server/flags.py`), which apply
-    when no `--config` is given; flags on the command line override these.
+    Generated from `ServerOptions` (serving/server/options.py), where each is
+    declared once with its default, type and help; `captioner serve --config
+    NAME` passes each as its flag (`config_flag`).
     """
-    host: str = "127.0.0.1"            # bind address (loopback unless told otherwise)
-    port: int = 8500                   # gRPC port
-    rest_port: int = 8501              # REST port
-    poll_seconds: float = 1.0          # how often the model folder is scanned
-    max_request_bytes: int = 16 * 1024 * 1024  # larger requests get RESOURCE_EXHAUSTED
-    max_image_pixels: int = 40_000_000  # larger images get INVALID_ARGUMENT
-    max_decode_work: int = 2_000_000_000  # pixel-passes one image may cost to decode (JPEG scans, PNG passes, frames); more gets INVALID_ARGUMENT
+    types = {"str": str, "int": int, "float": float, "bool": bool, "Optional[int]": int}
+    fields = [(f.name, types[str(f.type)],
+               field(default=f.default, metadata={"help": f.metadata["help"],
+                                                  "flag": f.metadata["config_flag"]}))
+              for f in server_options.config_settings()]
+    cls = dataclasses.make_dataclass("ServeConfig", fields, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = ("`captioner serve --config NAME` settings (each becomes its flag); "
+                   "declared, with the server's defaults, in serving/server/options.py.")
+    return cls
+
+
+ServeConfig = _serve_section()
 
 
 @dataclass(frozen=True)
@@ -223,7 +234,7 @@ class PipelineConfig:
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     push: PushConfig = PushConfig()
-    serve: ServeConfig = ServeConfig()
+    serve: ServeConfig = ServeConfig()  # type: ignore[valid-type]
 
 
 SECTIONS = ("data", "encoder", "preprocess", "model", "train", "eval", "push", "serve")

@@ -5,22 +5,18 @@ The one home of these lists: the stages import them from here.
 from __future__ import annotations
 
 from components.contract import precision
+from models import decoder_options
 
 # What the Trainer may select its best model and stop early on.
 EARLY_STOPPING_METRICS = ("val_loss", "bleu4", "cider")
 
-# Keys whose values come from a fixed list (where a model module holds the
-# list too, tests/pipeline/test_config.py keeps the two in step).
+# Keys whose values come from a fixed list. The `model` section's lists are
+# the decoder's own (`models/decoder_options.py`), which checks them too.
 CHOICES: dict[str, tuple[str, ...]] = {
+    **{f"model.{key}": choices for key, choices in decoder_options.CHOICES.items()},
     "data.source": ("synthetic", "scenes", "coco", "karpathy", "tfds"),
     "encoder.kind": ("small_cnn", "keras_app"),
     "preprocess.direct_running_mode": ("in_memory", "multi_threading", "multi_processing"),
-    "model.attention": ("soft", "hard", "glimpse", "spatial_transformer"),
-    "model.attention_score": ("additive", "general", "dot", "concat"),
-    "model.transform": ("attention", "affine"),
-    "model.reinforce_credit": ("sequence", "token"),
-    "model.reinforce_baseline": ("moving_average", "expected"),
-    "model.hard_inference": ("expected", "argmax"),
     "train.strategy": ("default", "mirrored", "multi_worker"),
     "train.optimizer": ("adam", "rmsprop"),
     "train.lr_schedule": ("constant", "cosine"),
