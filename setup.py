@@ -10,7 +10,9 @@ setup(
     packages=find_packages(include=["pipeline*", "components*", "models*", "serving*"]),
     package_data={"pipeline": ["configs/*.py"],
                   # `captioner serve --ui`: the attention explorer's static files
-                  "serving.ui": ["*.html", "*.js", "*.css"]},
+                  "serving.ui": ["*.html", "*.js", "*.css"],
+                  # TF Serving's API descriptors: the client loads them without TensorFlow
+                  "serving": ["tf_serving_api.binpb"]},
     install_requires=[
         # These four are pinned together: TF 2.21 / Keras 3.15 / Beam 2.77 /
         # TF Serving API 2.21 share one protobuf/grpcio range.
