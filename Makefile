@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-tools test-fast benchmarks clean docs
+.PHONY: install demo lint test test-tools test-fast benchmarks clean docs
 
 install: $(STAMP)
 
@@ -39,10 +39,13 @@ test-tools:
 	  echo "WARNING: not root, so not installing the tools only tests use (sudo apt-get install$$missing): the tests that need them skip (fail under CI=true)"; \
 	fi
 
-test: install test-tools
+lint: install
+	$(BIN)/ruff check .
+
+test: install test-tools lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: install test-tools
+test-fast: install test-tools lint
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
 
 benchmarks: install

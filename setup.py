@@ -53,6 +53,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
+                 "ruff==0.17.6",  # make test lints first (ruff.toml); pinned: new rules land in releases
                  "psutil>=5.9",  # psutil: benchmarks/scale.py samples process-tree RSS
                  # the browser tests drive Debian's chromium through its chromedriver
                  "selenium>=4.20"],

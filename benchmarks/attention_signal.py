@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
     regions = h * w
 
     inside_lp, outside_lp, expected_lp, best_inside, mass_inside = [], [], [], [], []
-    for grid, refs, objects in zip(data["annotations"], data["references"], data["objects"]):
+    for grid, refs, objects in zip(data["annotations"], data["references"], data["objects"], strict=True):
         words = text_lib.normalize(refs[0])
         tokens = [index[text_lib.START]] + [index.get(x, index[text_lib.UNK]) for x in words]
         by_key = {(o["color"], o["shape"]): o for o in objects}

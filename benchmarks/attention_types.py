@@ -105,6 +105,7 @@ def side_by_side_latency(runs: list[dict], images: int, rounds: int) -> dict:
     Returns model-and-seed label -> `{"ms": median, "ratio": to the first run}`.
     """
     import numpy as np
+
     from components.contract import schema
     from components.contract.artifacts import Artifact
     from components.evaluator.split_readers import iter_example_batches
@@ -113,7 +114,7 @@ def side_by_side_latency(runs: list[dict], images: int, rounds: int) -> dict:
     served = {f"{r['model']} seed {r['seed']}": ServedFunction(
         Artifact.load(r["serving_model"]).path(schema.SAVED_MODEL_DIR)) for r in runs}
     times: dict = {label: [] for label in served}
-    for label, function in served.items():     # warm-up: trace and first calls
+    for function in served.values():     # warm-up: trace and first calls
         function([batch[0]])
     for _ in range(rounds):
         for label, function in served.items():

@@ -54,8 +54,8 @@ def caption_and_score(serving_uri: str, examples_uri: str, batch_size: int):
     """The Evaluator's captioning and scoring of one ServingModel: (split, metrics, seconds)."""
     from components.contract import schema
     from components.contract.artifacts import Artifact
-    from components.evaluator.stage import CaptionedSplit, ServedFunction, score
     from components.evaluator.split_readers import iter_example_batches
+    from components.evaluator.stage import CaptionedSplit, ServedFunction, score
     art = Artifact.load(serving_uri)
     split = CaptionedSplit(ServedFunction(art.path(schema.SAVED_MODEL_DIR)), batch_size)
     start = time.time()

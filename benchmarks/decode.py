@@ -70,6 +70,7 @@ def main(argv=None):
 
     import keras
     import tensorflow as tf
+
     from benchmarks.baselines import tf_tutorial_captioner as tutorial
     from models.decoding import beam_search, greedy_decode
     from models.show_attend_tell import ShowAttendTell
@@ -98,11 +99,11 @@ def main(argv=None):
                 lambda: int(beam(image)["lengths"][0]))
 
     encoder, decoder = tutorial.build()
-    runners = dict(zip(("ours_greedy", "ours_beam"), decoders(model)))
+    runners = dict(zip(("ours_greedy", "ours_beam"), decoders(model), strict=True))
     runners["baseline_greedy"] = lambda: len(tutorial.evaluate(encoder, decoder, image,
                                                                args.max_length))
     if args.precision != "float32":
-        runners.update(zip(("twin_greedy", "twin_beam"), decoders(model.as_float32())))
+        runners.update(zip(("twin_greedy", "twin_beam"), decoders(model.as_float32()), strict=True))
     first_call_s, lengths = {}, {}
     for name, run in runners.items():
         start = time.perf_counter()

@@ -44,11 +44,10 @@ sys.path.insert(0, REPO)
 
 from benchmarks.results import cpuinfo, write_result  # noqa: E402
 from serving.limits.decode_work import estimate  # noqa: E402
-from serving.server.flags import DEFAULTS  # noqa: E402
 from serving.limits.image_headers import ImageHeaderError, check_pixels, probe_image  # noqa: E402
 from serving.limits.work_admission import request_work  # noqa: E402
-from tests.serving.hostile_images import (interlaced_png, jpeg, repeated_scan_jpeg,  # noqa: E402
-                                          tiny_frame_gif)
+from serving.server.flags import DEFAULTS  # noqa: E402
+from tests.serving.hostile_images import interlaced_png, jpeg, repeated_scan_jpeg, tiny_frame_gif  # noqa: E402
 
 ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
 

@@ -35,6 +35,7 @@ def _updates(args):
     """`{name: (optimizer, update function)}` for Keras's Adam and `FusedAdam`."""
     import keras
     import tensorflow as tf
+
     from components.trainer.fused_adam import FusedAdam
     from models.decoder_options import DecoderOptions
     from models.show_attend_tell import ShowAttendTell
@@ -51,7 +52,7 @@ def _updates(args):
     for name, cls in (("keras", keras.optimizers.Adam), ("fused", FusedAdam)):
         optimizer = cls(1e-3)
         optimizer.build(variables)
-        update = tf.function(lambda o=optimizer: o.apply_gradients(zip(grads, variables)))
+        update = tf.function(lambda o=optimizer: o.apply_gradients(zip(grads, variables, strict=True)))
         for _ in range(3):
             update()
         updates[name] = (optimizer, update)

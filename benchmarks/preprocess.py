@@ -73,10 +73,10 @@ def make_jpegs(n: int, size: tuple[int, int], seed: int = 0) -> list[bytes]:
 
 def make_artifacts(root: str, name: str, n: int, seed: int = 0):
     """An Examples artifact of `n` generated JPEGs and an Encoder artifact; returns both."""
-    from components.example_gen import stage as example_gen
-    from components.contract.raw_example import RawExample
-    from models.encoder import build_encoder
     from components.contract.artifacts import Artifact, write_artifact_json
+    from components.contract.raw_example import RawExample
+    from components.example_gen import stage as example_gen
+    from models.encoder import build_encoder
     from pipeline.config import DataConfig
 
     rng = np.random.default_rng(seed)
@@ -153,6 +153,7 @@ def run_bare(call, decoded: np.ndarray, batch_size: int) -> tuple[float, float]:
 def write_seconds(annotations_uri: str) -> tuple[float, int]:
     """Time to write the stage's own serialized records with a plain TFRecordWriter."""
     import tensorflow as tf
+
     from components.contract import io_utils, schema
     records = [r for s in schema.SPLITS
                for r in io_utils.read_records(schema.split_files(annotations_uri, s))]
@@ -169,6 +170,7 @@ def write_seconds(annotations_uri: str) -> tuple[float, int]:
 def _prepare(name: str, n: int, batch_size: int, root: str) -> dict:
     """The artifacts of `n` and of one batch of images, the decoded images, the traced bare call."""
     import tensorflow as tf
+
     from models.image_ops import decode_and_resize
 
     examples, encoder, model, images = make_artifacts(root, name, n)

@@ -36,18 +36,51 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _REPO)
 
-from benchmarks.report_records import (RESULTS_DIR, Context, Record, Rendered, load_records,  # noqa: E402
-                                      num, pct, provenance, span, t_hosts, t_superseded, table,
-                                      where)
-from benchmarks.report_serving import (t_artifact_checks, t_decode, t_decode_cpu_fairness,  # noqa: E402
-                                       t_decode_cpu_images, t_serving_fixture, t_serving_overhead_demo,
-                                       t_serving_threads)
-from benchmarks.report_training import (TRAIN_STEP, scenes_general_vs_additive,  # noqa: E402
-                                        t_attention_scores_5seeds, t_attention_types_demo,
-                                        t_attention_types_scenes, t_blessing_noise, t_demo_bucketing,
-                                        t_demo_quality, t_demo_seeds, t_demo_settings, t_demo_stages,
-                                        t_optimizer_update, t_precision, t_preprocess, t_readme_quality,
-                                        t_scst, t_train_profile, t_train_step, t_train_throughput)
+from benchmarks.report_records import (  # noqa: E402
+    RESULTS_DIR,
+    Context,
+    Record,
+    Rendered,
+    load_records,
+    num,
+    pct,
+    provenance,
+    span,
+    t_hosts,
+    t_superseded,
+    table,
+    where,
+)
+from benchmarks.report_serving import (  # noqa: E402
+    t_artifact_checks,
+    t_decode,
+    t_decode_cpu_fairness,
+    t_decode_cpu_images,
+    t_serving_fixture,
+    t_serving_overhead_demo,
+    t_serving_threads,
+)
+from benchmarks.report_training import (  # noqa: E402
+    TRAIN_STEP,
+    scenes_general_vs_additive,
+    t_attention_scores_5seeds,
+    t_attention_types_demo,
+    t_attention_types_scenes,
+    t_blessing_noise,
+    t_demo_bucketing,
+    t_demo_quality,
+    t_demo_seeds,
+    t_demo_settings,
+    t_demo_stages,
+    t_optimizer_update,
+    t_precision,
+    t_preprocess,
+    t_readme_quality,
+    t_scst,
+    t_train_profile,
+    t_train_step,
+    t_train_throughput,
+)
 
 PERFORMANCE = os.path.join(_REPO, "docs", "PERFORMANCE.md")
 README = os.path.join(_REPO, "README.md")

@@ -8,8 +8,18 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Sequence, Tuple
 
-from benchmarks.report_records import (METRICS, Context, Record, Rendered, metric, num, pct, span,
-                                      table, where)
+from benchmarks.report_records import (
+    METRICS,
+    Context,
+    Record,
+    Rendered,
+    metric,
+    num,
+    pct,
+    span,
+    table,
+    where,
+)
 
 
 def _demo_runs(ctx: Context) -> List[Tuple[str, Record]]:
@@ -26,7 +36,7 @@ def t_demo_quality(ctx: Context) -> Rendered:
         m = record.figures["test_metrics_soft_as_served"]
         rows.append([f"soft, `make demo`, {label}, as served", record.date, *[metric(m, k) for k in keys]])
     rows.append(["hard (`--set model.attention=hard`), seed 0, the config of its date (24 epochs), "
-                 f"scored on the stored grids", hard.date, *[metric(hard.figures["hard"], k) for k in keys]])
+                 "scored on the stored grids", hard.date, *[metric(hard.figures["hard"], k) for k in keys]])
     rows.append(["target", "", "soft >= 0.75; hard >= 0.9 x soft", "", "soft >= 5.0", "soft >= 0.85",
                  "soft >= 0.85", "soft >= 0.80; hard >= soft", ""])
     lines = table(["model", "date", *[METRICS[k] for k in keys]], rows)

@@ -47,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.results import write_result  # noqa: E402
 from benchmarks.train_step import cpu_model  # noqa: E402
+
 STAGES = ("ExampleGen", "EncoderTrainer", "Preprocess", "Trainer", "Exporter", "Evaluator",
           "Pusher")
 # Paper-shaped grids from the small CNN: 14x14x512 float16 (VGG19 block5_conv4's shape).

@@ -49,8 +49,7 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks.results import host, write_result  # noqa: E402
-from benchmarks.serving import (ServerProcess, load, log, make_image,  # noqa: E402
-                                percentile)
+from benchmarks.serving import ServerProcess, load, log, make_image, percentile  # noqa: E402
 
 LEVELS = ((0.5, 2.0), (1.0, 10.0), (2.0, 2.0), (4.0, 10.0))  # (x capacity, minutes)
 
@@ -82,8 +81,8 @@ class Sender:
 
     def __init__(self, server: ServerProcess, model_name: str, image: bytes, deadline: float):
         import grpc
-        from serving.client.caption_client import CaptionClient
-        from serving.client.caption_client import ClientOptions
+
+        from serving.client.caption_client import CaptionClient, ClientOptions
         self.deadline = deadline
         self.grpc = grpc
         # One channel for every sending thread (gRPC channels are thread-safe); no retries.

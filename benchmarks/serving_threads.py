@@ -86,6 +86,7 @@ def _worker(path: str, intra_op: int, calls: int) -> None:
 
     import numpy as np
     from PIL import Image
+
     from serving.server.model_server import _set_tf_threads
     _set_tf_threads(intra_op, 0, "auto")
     import tensorflow as tf

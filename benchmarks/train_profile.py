@@ -52,6 +52,7 @@ def make_step(args):
     import keras
     import numpy as np
     import tensorflow as tf
+
     from components.trainer.fused_adam import FusedAdam
     from models.show_attend_tell import ShowAttendTell
     keras.mixed_precision.set_global_policy(args.precision)
@@ -81,7 +82,7 @@ def make_step(args):
         with tf.GradientTape() as tape:
             terms = model.compute_loss_terms(a, tok, training=True, update_baseline=False)
         grads = tape.gradient(terms["loss"], model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return terms["loss"]
     return step, (annotations, tokens)
 
@@ -164,6 +165,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--top", type=int, default=15, help="op types printed")
     args = parser.parse_args(argv)
     import numpy as np
+
     from benchmarks.results import cpuinfo, write_result
     cpu, flags = cpuinfo()
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")

@@ -151,6 +151,7 @@ def make_data(sizes, seed=0):
 def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive"):
     """A built `ShowAttendTell` (soft attention by default) and its `tf.function` training step."""
     import tensorflow as tf
+
     from components.trainer.fused_adam import FusedAdam
     from models.decoder_options import DecoderOptions
     from models.show_attend_tell import ShowAttendTell
@@ -167,7 +168,7 @@ def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive")
         with tf.GradientTape() as tape:
             loss = model.compute_loss_terms(annotations, captions, training=True)["loss"]
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
     return step
@@ -176,6 +177,7 @@ def our_step(sizes, jit: bool, attention: str = "soft", score: str = "additive")
 def baseline_step():
     """The tutorial's encoder, decoder and `train_step`."""
     import keras
+
     from benchmarks.baselines import tf_tutorial_captioner as tutorial
     encoder, decoder = tutorial.build()
     step = tutorial.make_train_step(encoder, decoder, keras.optimizers.Adam(1e-3))
@@ -277,6 +279,7 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     import keras
     import tensorflow as tf
+
     from components.contract.precision import resolve
     chosen = resolve(args.precision)
     print(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})",

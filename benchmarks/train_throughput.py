@@ -53,9 +53,10 @@ def write_synthetic(folder: str, images: int, grid_shape, captions_per_image: in
                     seed: int = 0) -> tuple[str, str]:
     """Annotations (train split, 4 shards) and Vocabulary artifacts of random data."""
     import tensorflow as tf
+
     from components.contract import schema
-    from models import text
     from components.contract.artifacts import Artifact, write_artifact_json
+    from models import text
     rng = np.random.default_rng(seed)
     h, w, d = grid_shape
     annotations, vocabulary = os.path.join(folder, "annotations"), os.path.join(folder, "vocab")

@@ -122,6 +122,7 @@ def image_word_dataset(files, index: dict, image_size: int, *, shuffle_buffer: i
       A dataset of `(S, S, 3)` float32 images and `(K,)` float32 targets.
     """
     import tensorflow as tf
+
     from models.image_ops import decode_and_resize
     spec = schema.example_image_spec()
     k = len(index)
@@ -176,6 +177,7 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=_log,
       (trained backbone, best val mAP, epochs run, history list).
     """
     import keras
+
     from models.encoder import small_cnn_backbone, word_classifier
     keras.utils.set_random_seed(0)
     previous = keras.mixed_precision.global_policy()

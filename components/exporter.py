@@ -22,6 +22,7 @@ import sys
 from components.contract import io_utils, schema
 from components.contract.export_model import ExportSources, decoding_settings, export
 
+
 def run(ctx) -> dict:
     """Exports the Model with its Encoder and Vocabulary; writes `ServingModel`."""
     from tqdm import tqdm

@@ -51,7 +51,7 @@ def _record(histories, t, out, finished, parent=None):
     """Writes step t's `alpha` (and `location`) into the histories, 0 where `finished`."""
     values = (out["alpha"],) + ((out["location"],) if len(histories) > 1 else ())
     written = []
-    for history, value in zip(histories, values):
+    for history, value in zip(histories, values, strict=True):
         if parent is not None:
             history, value = tf.gather(history, parent), tf.gather(value, parent)
         value = tf.where(tf.expand_dims(finished, 1), 0.0, value)

@@ -169,7 +169,7 @@ class GlimpseAttention(AnnotationsAndStateBuild, keras.layers.Layer):
         x = grid_sampling.to_cells(location[:, 0], width)
         y = grid_sampling.to_cells(location[:, 1], height)
         total = 0.0
-        for extent, weight in zip(self._extents, self._resolution):
+        for extent, weight in zip(self._extents, self._resolution, strict=True):
             half = ops.ones_like(x) * max(extent, 1.0)
             total += weight * grid_sampling.outer_weights(
                 grid_sampling.tent_weights(y, half, height),

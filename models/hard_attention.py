@@ -6,6 +6,7 @@ from keras import ops
 
 from models.attention_scorer import AttentionScorer
 from models.decoder_options import INFERENCE_MODES
+
 _TINY = 1e-20
 
 

@@ -29,7 +29,6 @@ import keras
 from keras import ops
 
 from models import losses
-
 from models.decoder_options import REINFORCE_BASELINES, REINFORCE_CREDITS  # noqa: F401
 
 

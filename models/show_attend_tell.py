@@ -16,8 +16,13 @@ import tensorflow as tf
 from keras import ops
 
 from models import attention_step, hoisted_gradients, objective, recurrence
-from models.decoder_options import (ATTENTIONS, FIELDS, REINFORCE_BASELINES,  # noqa: F401
-                                    REINFORCE_CREDITS, DecoderOptions)
+from models.decoder_options import (  # noqa: F401
+    ATTENTIONS,
+    FIELDS,
+    REINFORCE_BASELINES,
+    REINFORCE_CREDITS,
+    DecoderOptions,
+)
 from models.recurrence import SequenceInputs
 
 

@@ -14,13 +14,35 @@ import os
 from typing import Sequence
 
 from components.contract.config import (  # noqa: F401  (the config API in one place)
-    BOXED_SOURCES, CHOICES, EVAL_METRICS, MAX_OBJECTS, REPORTED_METRICS, SECTIONS, ConfigError,
-    DataConfig, DeclaredConfig, EncoderConfig,
-    EvalConfig, ModelConfig,
-    PipelineConfig, PreprocessConfig, PushConfig, ServeConfig, TrainConfig,
-    UndeclaredConfigError, apply_overrides, config_from_module, describe_fields,
-    did_you_mean, from_dict, load_config_file, replace_section, to_dict, valid_keys,
-    validate)
+    BOXED_SOURCES,
+    CHOICES,
+    EVAL_METRICS,
+    MAX_OBJECTS,
+    REPORTED_METRICS,
+    SECTIONS,
+    ConfigError,
+    DataConfig,
+    DeclaredConfig,
+    EncoderConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PreprocessConfig,
+    PushConfig,
+    ServeConfig,
+    TrainConfig,
+    UndeclaredConfigError,
+    apply_overrides,
+    config_from_module,
+    describe_fields,
+    did_you_mean,
+    from_dict,
+    load_config_file,
+    replace_section,
+    to_dict,
+    valid_keys,
+    validate,
+)
 from components.contract.config_paths import check_paths  # noqa: F401
 
 CONFIGS_DIR = os.path.join(os.path.dirname(__file__), "configs")

@@ -77,7 +77,7 @@ def _caption_over_grpc(summary: dict, model_base: str, model_name: str, count: i
         results = [client.caption([images[i]])[0] for i in wanted]
         os.makedirs(attention_dir, exist_ok=True)
         served = []
-        for image_id, result in zip(wanted, results):
+        for image_id, result in zip(wanted, results, strict=True):
             save_attention_figure(images[image_id], result["caption"].split(),
                                   result["attention"], os.path.join(attention_dir, f"{image_id}.png"))
             served.append({"image_id": image_id, **{k: result[k] for k in ("caption", "score")},

@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from components.contract import stage_log
-from components.contract.artifacts import Artifact, ArtifactError, fsync_tree, write_artifact_json
+from components.contract.artifacts import Artifact, fsync_tree, write_artifact_json
 from components.contract.errors import ActionableError
 from pipeline import config as config_lib
-from pipeline import dag
-from pipeline import input_fingerprints
-from pipeline import integrity
-from pipeline import root_lock
+from pipeline import dag, input_fingerprints, integrity, root_lock
 from pipeline.imports import PACKAGE_ROOT, code_fingerprint
 from pipeline.metadata import MetadataStore
 from pipeline.resolver import resolve_latest, summarize

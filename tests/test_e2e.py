@@ -1,5 +1,4 @@
 """End to end on the `tiny` config: every stage, serve, caption through the gRPC client."""
-import io
 import json
 import os
 import subprocess
@@ -75,6 +74,7 @@ def test_serve_and_caption_through_the_client(tiny_run):
 
 def _test_ids(examples_uri):
     import tensorflow as tf
+
     from components.contract import io_utils, schema
     ids = set()
     for record in io_utils.read_records(schema.split_files(examples_uri, "test")):
@@ -124,13 +124,14 @@ def _captions(evaluation_uri):
 def _test_images(examples_uri):
     from components.evaluator.split_readers import iter_example_batches
     return {i: image for batch in iter_example_batches(examples_uri, "test", 64)
-            for i, image in zip(batch["ids"], batch["images"])}
+            for i, image in zip(batch["ids"], batch["images"], strict=True)}
 
 
 def test_every_test_image_served_gets_the_evaluated_caption(tiny_run, tmp_path):
     """A real server of the pushed version: one request per test image, gRPC and REST."""
     import base64
     import urllib.request
+
     from serving.client.caption_client import CaptionClient
     from tests.reliability.server_process import ServerProcess
     root, summary = tiny_run

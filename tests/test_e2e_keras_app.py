@@ -60,6 +60,7 @@ def test_every_stage_ran_with_the_keras_app_encoder(paper_run):
 
 def test_the_encoder_artifact_holds_the_weights_files_vgg19(paper_run):
     import keras
+
     import models.encoder  # noqa: F401  (registers the encoder's layers)
     summary, reference = paper_run
     uri = summary["stages"]["EncoderTrainer"]["outputs"]["encoder"]
@@ -72,6 +73,7 @@ def test_the_encoder_artifact_holds_the_weights_files_vgg19(paper_run):
 
 def test_the_pushed_model_captions_images_over_the_vgg19_grid(paper_run):
     import tensorflow as tf
+
     from components.evaluator.split_readers import read_images
     summary, _ = paper_run
     stages = summary["stages"]
@@ -85,7 +87,7 @@ def test_the_pushed_model_captions_images_over_the_vgg19_grid(paper_run):
     assert attention.shape[0] == 2 and attention.shape[2:] == tuple(GRID[:2])
     lengths = out["lengths"].numpy()
     assert lengths.max() > 0
-    for caption, length, maps in zip(out["caption"].numpy(), lengths, attention):
+    for caption, length, maps in zip(out["caption"].numpy(), lengths, attention, strict=True):
         assert all(w in vocab for w in caption.decode().split())
         # Each emitted word's attention is a distribution over the 3x3 grid.
         steps = maps[:length].reshape(length, GRID[0] * GRID[1])

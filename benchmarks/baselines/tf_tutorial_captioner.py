@@ -124,7 +124,7 @@ def make_train_step(encoder, decoder, optimizer):
         total_loss = loss / int(target.shape[1])
         trainable_variables = encoder.trainable_variables + decoder.trainable_variables
         gradients = tape.gradient(loss, trainable_variables)
-        optimizer.apply_gradients(zip(gradients, trainable_variables))
+        optimizer.apply_gradients(zip(gradients, trainable_variables, strict=True))
         return loss, total_loss
 
     return train_step

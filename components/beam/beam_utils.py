@@ -213,7 +213,7 @@ class KerasModelHandler(ModelHandler[np.ndarray, np.ndarray, _CompiledModel]):
                 shutil.rmtree(tmp, ignore_errors=True)
         expected = tuple(model.input_shape[1:])
         if len(expected) != len(self.input_shape) or any(
-                d is not None and d != s for d, s in zip(expected, self.input_shape)):
+                d is not None and d != s for d, s in zip(expected, self.input_shape, strict=True)):
             raise ValueError(f"{self.model_path} takes inputs {expected}, "
                              f"not {self.input_shape}")
         return _CompiledModel(model, self.input_shape)
@@ -258,8 +258,8 @@ class WriteTFRecordShards(beam.PTransform):
                  shard_name_template: str | None = None):
         super().__init__()
         from apache_beam.coders import coders
-        from apache_beam.io.tfrecordio import _TFRecordSink
         from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.tfrecordio import _TFRecordSink
         self._sink = _TFRecordSink(file_path_prefix, coders.BytesCoder(), file_name_suffix,
                                    max(0, int(num_shards)), shard_name_template,
                                    CompressionTypes.AUTO)

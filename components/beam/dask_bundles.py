@@ -127,8 +127,7 @@ def run_stage(elements, spec: StageSpec, *side_values) -> list:
       `(METRICS_TAG, [MetricUpdates per step])`.
     """
     from apache_beam.metrics.execution import MetricsContainer
-    from apache_beam.runners.common import (DoFnContext, DoFnInvoker, DoFnSignature,
-                                            _OutputHandler)
+    from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
     from apache_beam.runners.dask.transform_evaluator import get_windowed_value
     from apache_beam.runners.worker import statesampler
     from apache_beam.transforms.sideinputs import SideInputMap

@@ -38,6 +38,7 @@ def resolve_model(model_path: str) -> tuple[str, Optional[int]]:
       BulkInputError: neither layout is there.
     """
     import tensorflow as tf
+
     from serving.versions.model_manager import version_folders
     path = model_path.rstrip("/") or model_path
     if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):

@@ -120,6 +120,7 @@ class CaptionModelHandler(ModelHandler[bytes, Any, _LoadedSignature]):
     def run_inference(self, batch: Sequence[bytes], model: _LoadedSignature,
                       inference_args: Optional[dict[str, Any]] = None) -> Iterable[Any]:
         import tensorflow as tf
+
         from serving.client.caption_client import caption_results
         from serving.errors import from_tf_error
         try:

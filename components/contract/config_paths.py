@@ -12,7 +12,6 @@ from typing import Sequence
 
 from components.contract.config import ConfigError, PipelineConfig
 
-
 # Paths each stage reads: (stage, key, "file" | "dir" | "path" (either)).
 _PATH_KEYS = (("ExampleGen", "data.captions_json", "file"),
               ("ExampleGen", "data.images_dir", "dir"),

@@ -53,10 +53,11 @@ def export(path: str, sources: ExportSources, progress=None, validate_infra: boo
       None without `validate_infra`.
     """
     import keras
+
     import models.encoder  # registers the custom layers
     import models.show_attend_tell  # noqa: F401
-    from serving.signature.export import Decoding, export_saved_model
     from serving.server.infra_validator import validate
+    from serving.signature.export import Decoding, export_saved_model
     step = progress or (lambda name: None)
     step("load")
     decoder = keras.saving.load_model(schema.model_file(sources.model_uri))

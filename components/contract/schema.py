@@ -339,7 +339,7 @@ def decode_annotations(serialized: bytes) -> AnnotationRecord:
     return AnnotationRecord(
         image_id=_first_bytes(f, IMAGE_ID).decode("utf-8"),
         grid=decode_float16_grid(_first_bytes(f, GRID), shape), grid_shape=shape,
-        captions=[tokens[s:s + n] for s, n in zip(starts, lengths)],
+        captions=[tokens[s:s + n] for s, n in zip(starts, lengths, strict=True)],
         texts=[t.decode("utf-8") for t in f[CAPTION_TEXT].bytes_list.value],
         objects=parse_objects(f))
 

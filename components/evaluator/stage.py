@@ -99,7 +99,7 @@ class CaptionedSplit:
         for start in range(0, n, self.request_size):
             chunk = range(start, min(n, start + self.request_size))
             for i, out in zip(chunk, self._call([batch["images"][i] for i in chunk],
-                                                [batch["ids"][i] for i in chunk])):
+                                                [batch["ids"][i] for i in chunk]), strict=True):
                 image_id = batch["ids"][i]
                 caption = out["caption"] if out else ""
                 words = caption.split()
@@ -122,7 +122,7 @@ class CaptionedSplit:
         except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as e:
             self.seconds += time.time() - start
             if len(images) > 1:  # find the image at fault, serve the others
-                return [x for image, i in zip(images, ids) for x in self._call([image], [i])]
+                return [x for image, i in zip(images, ids, strict=True) for x in self._call([image], [i])]
             self.failed[ids[0]] = e.message.splitlines()[0] if e.message else type(e).__name__
             return [None]
         self.seconds += time.time() - start
@@ -209,6 +209,7 @@ def write_figures(out_dir: str, examples_uri: str, kept: list[dict]) -> list[dic
       The index entries written.
     """
     from PIL import Image
+
     from components.evaluator.figures import attention_figure, write_index
     fig_dir = os.path.join(out_dir, "figures")
     os.makedirs(fig_dir, exist_ok=True)
@@ -302,7 +303,7 @@ def run(ctx) -> dict:
       The `Evaluation` and `Blessing` outputs' counts and properties.
     """
     cfg = ctx.config.eval
-    serving, examples = ctx.inputs["serving_model"], ctx.inputs["examples"]
+    serving = ctx.inputs["serving_model"]
     saved, digest = _checked_saved_model(serving)
     decoding = dict(serving.properties.get("decoding") or decoding_settings(cfg))
     infra = dict(serving.properties.get("infra_validation") or {})

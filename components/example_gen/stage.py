@@ -9,8 +9,8 @@ from typing import Iterator
 from tqdm import tqdm
 
 from components.contract import io_utils, schema
-from components.example_gen.sources import get_source, has_boxes
 from components.contract.raw_example import RawExample
+from components.example_gen.sources import get_source, has_boxes
 
 
 def assign_split(image_id: str, seed: int, val_fraction: float, test_fraction: float) -> str:

@@ -16,11 +16,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import apache_beam as beam
 
-from components.contract import schema, stage_log
 from components.beam import beam_utils, record_guard
+from components.contract import schema, stage_log
 from components.preprocess import transforms
-from components.preprocess.transforms import (ENCODER_MODULES, INFERENCE_NAMESPACE, NAMESPACE,
-                                              build_pipeline)
+from components.preprocess.transforms import (
+    ENCODER_MODULES,
+    INFERENCE_NAMESPACE,
+    NAMESPACE,
+    build_pipeline,
+)
 from models import text
 
 _log = stage_log.logger(NAMESPACE)

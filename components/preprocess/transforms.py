@@ -29,8 +29,8 @@ from typing import Mapping, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from components.contract import schema
 from components.beam import beam_utils
+from components.contract import schema
 from models import text
 
 NAMESPACE = "Preprocess"
@@ -204,6 +204,7 @@ class DecodeImage(beam.DoFn):
 
     def setup(self):
         import tensorflow as tf
+
         from models.image_ops import decode_and_resize
         size = self.image_size
         self._decode = tf.function(lambda b: decode_and_resize(b, size),
@@ -312,7 +313,7 @@ def build_pipeline(p: beam.Pipeline, job, files: Mapping[str, Sequence[str]], en
         | "ToExample" >> beam.ParDo(ToExample(grid_shape)))
     by_split = encoded | "BySplit" >> beam.Partition(
         lambda item, n: splits.index(item[0]), len(splits))
-    for split, part in zip(splits, by_split):
+    for split, part in zip(splits, by_split, strict=True):
         _ = (part
              | f"Values[{split}]" >> beam.Values()
              | f"Write[{split}]" >> beam_utils.WriteTFRecordShards(

@@ -24,9 +24,9 @@ from typing import Iterator, NamedTuple
 import numpy as np
 from PIL import Image
 
-from components.synthetic import scenes_grammar as grammar
 from components.contract.raw_example import RawExample
 from components.synthetic import check_generator_args
+from components.synthetic import scenes_grammar as grammar
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.01              # min distance of a box from the image border
@@ -145,7 +145,7 @@ def make_scene(rng: np.random.Generator, image_size: int, min_objects: int,
         obj["visible"] = round(visible / int(masks[j].sum()), 3)
     image = _background(background, s, rng)
     _clutter(image, rng)
-    for obj, (r0, c0, alpha) in zip(objects, coverages):
+    for obj, (r0, c0, alpha) in zip(objects, coverages, strict=True):
         base = np.array(grammar.COLORS[obj["color"]], np.float32)
         color = np.clip(base + rng.uniform(-COLOR_JITTER, COLOR_JITTER, 3), 0, 255)
         h, w = alpha.shape
@@ -183,7 +183,7 @@ def _place(kind: str, masks: list, s: int, rng: np.random.Generator):
     keep.reverse()
     # Pixels each earlier object may still lose and stay visible enough.
     spare = [int(k.sum()) - max(MIN_PIXELS, MIN_VISIBLE * int(m.sum()))
-             for k, m in zip(keep, masks)]
+             for k, m in zip(keep, masks, strict=True)]
     for attempt in range(_TRIES):
         if attempt == _TRIES // 2:
             size = "small"  # crowded: fall back to a small object
@@ -197,7 +197,7 @@ def _place(kind: str, masks: list, s: int, rng: np.random.Generator):
         if int(window.sum()) < MIN_PIXELS:
             continue
         rows, cols = slice(r0, r0 + window.shape[0]), slice(c0, c0 + window.shape[1])
-        if all(int((k[rows, cols] & window).sum()) <= room for k, room in zip(keep, spare)):
+        if all(int((k[rows, cols] & window).sum()) <= room for k, room in zip(keep, spare, strict=True)):
             mask = np.zeros((s, s), bool)
             mask[rows, cols] = window
             return size, bbox, mask, (r0, c0, alpha)

@@ -281,7 +281,7 @@ def _one_caption(groups, weights, n_objects, background, rng) -> str:
             rest = [k for k in range(m) if k not in (a, b)]
             mentions = [mentions[a], mentions[b]] + [mentions[k] for k in rest]
             relation = kind
-    fill = {key: _mention_phrase(g, rng) for key, g in zip("ABC", mentions)}
+    fill = {key: _mention_phrase(g, rng) for key, g in zip("ABC", mentions, strict=False)}
     fill["bg"] = background
     fill["n"] = number_word(n_objects)
     if relation is not None:

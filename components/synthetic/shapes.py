@@ -20,9 +20,9 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from components.synthetic import shapes_grammar as grammar
 from components.contract.raw_example import RawExample
 from components.synthetic import check_generator_args
+from components.synthetic import shapes_grammar as grammar
 
 SUPERSAMPLE = 4          # sub-pixels per pixel side, for antialiased edges
 EDGE = 0.02              # min distance of a box from the image border

@@ -22,8 +22,15 @@ estimated). For COCO's 123,287 images
 decode cores, Trainer 1-2 min per epoch; or run Preprocess on Dataflow
 (20 x n1-standard-8: ~35 min).
 """
-from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, TrainConfig)
+from pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PreprocessConfig,
+    TrainConfig,
+)
 
 
 def get_config() -> PipelineConfig:

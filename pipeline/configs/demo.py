@@ -9,8 +9,15 @@ Result (test split, 416 images, beam 3; float32, `train.seed` 0, 1, 2): soft
 attention Bleu_4 0.97, CIDEr 6.96-7.01, attribute_accuracy 0.94-0.95,
 relation_accuracy 0.91-0.93, grounding 0.99 (docs/PERFORMANCE.md, "Quality").
 """
-from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, TrainConfig)
+from pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PreprocessConfig,
+    TrainConfig,
+)
 
 
 def get_config() -> PipelineConfig:

@@ -18,8 +18,15 @@ images (6,000 / 1,000 / 1,000): Preprocess 1.5 h, Trainer at most 4.6 min
 per epoch (2.3 h for 30), Evaluator ~2.5 min; 1.6 GB of
 annotations. On one GPU (estimated): minutes per stage.
 """
-from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, TrainConfig)
+from pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PreprocessConfig,
+    TrainConfig,
+)
 
 
 def get_config() -> PipelineConfig:

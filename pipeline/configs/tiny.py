@@ -6,8 +6,16 @@ About 1 minute for the whole pipeline on 2 CPU cores; the captions are poor
 (the model sees 80 images for a few steps) but every stage runs, the model is
 blessed (thresholds at 0) and pushed, so serving can be exercised.
 """
-from pipeline.config import (DataConfig, EncoderConfig, EvalConfig, ModelConfig,
-                             PipelineConfig, PreprocessConfig, PushConfig, TrainConfig)
+from pipeline.config import (
+    DataConfig,
+    EncoderConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PreprocessConfig,
+    PushConfig,
+    TrainConfig,
+)
 
 
 def get_config() -> PipelineConfig:

@@ -19,7 +19,6 @@ Command line (`captioner caption`):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
@@ -399,7 +398,7 @@ def caption_main(argv: Optional[Sequence[str]] = None) -> int:
             chunk = items[start:start + step]
             try:
                 pairs = list(zip(chunk, client.caption([data for _, data in chunk],
-                                                       attention=want_attention)))
+                                                       attention=want_attention), strict=True))
             except CaptionError as e:
                 if e.code != grpc.StatusCode.INVALID_ARGUMENT:
                     print(f"captioner caption: {e}", file=sys.stderr)

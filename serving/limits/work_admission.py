@@ -39,9 +39,9 @@ from typing import Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 import grpc
 import numpy as np
 
+from serving.errors import ServingError, invalid_argument
 from serving.limits.admission import resource_exhausted
 from serving.limits.decode_work import check_work
-from serving.errors import ServingError, invalid_argument
 from serving.limits.image_headers import ImageHeaderError, ImageInfo, probe_image
 
 # Requests with at most this fraction of --max-decode-work never wait.

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from serving.cli_help import DefaultsHelpFormatter, parse_bool
 from serving.server.options import DEFAULTS, ServerOptions
+from serving.server.thread_choice import SMALL_ENCODER_GFLOPS
 from serving.versions.batching_parameters import BatchingParameters
 from serving.versions.model_config import VersionPolicy
-from serving.server.thread_choice import SMALL_ENCODER_GFLOPS
-
 
 # tensorflow_model_server flags (tensorflow_serving/model_servers/main.cc)
 # that this server accepts, with what they do here.

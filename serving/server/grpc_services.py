@@ -10,14 +10,18 @@ import time
 from typing import Optional
 
 import grpc
-from tensorflow_serving.apis import (model_management_pb2, model_service_pb2,
-                                     model_service_pb2_grpc, prediction_service_pb2,
-                                     prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (
+    model_management_pb2,
+    model_service_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from serving.errors import ServingError
+from serving.limits.work_admission import grpc_deadline
 from serving.server.metrics import ServingMetrics
 from serving.server.predictor import Predictor
-from serving.limits.work_admission import grpc_deadline
 
 log = logging.getLogger(__name__)
 

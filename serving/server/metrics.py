@@ -65,7 +65,7 @@ class _Histogram:
 
     def buckets(self) -> List[Tuple[str, int]]:
         cumulative, out = 0, []
-        for bound, count in zip(list(self.bounds) + [float("inf")], self.counts):
+        for bound, count in zip(list(self.bounds) + [float("inf")], self.counts, strict=True):
             cumulative += count
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
         return out

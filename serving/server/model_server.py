@@ -31,9 +31,7 @@ tensorflow_model_server's included):
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -45,22 +43,33 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from serving.server import flags
-from serving.limits.admission import DecodeBudget
 from serving.errors import invalid_argument
-from serving.server.flags import build_parser  # noqa: F401  (the `captioner serve` parser)
+from serving.limits.admission import DecodeBudget
+from serving.limits.work_admission import mark_pool
+from serving.server import flags
 from serving.server.flags import batching_from_args as _batching_from_args  # noqa: F401
-from serving.server.grpc_services import (MODEL_SERVICE, PREDICTION_SERVICE, ModelServicer,
-                                   PredictionServicer)
+from serving.server.flags import (
+    build_parser,  # noqa: F401  (the `captioner serve` parser)
+    options_from_args,
+)
+from serving.server.grpc_services import (
+    MODEL_SERVICE,
+    PREDICTION_SERVICE,
+    ModelServicer,
+    PredictionServicer,
+)
 from serving.server.metrics import ServingMetrics
-from serving.versions.model_manager import LoadOptions, ModelManager, ModelSource, sources_from_config
+from serving.server.options import ServerOptions
 from serving.server.predictor import Predictor, RequestLimits
 from serving.server.rest import RestOptions, RestServer
-from serving.server.flags import options_from_args
-from serving.server.options import ServerOptions
 from serving.server.thread_choice import choose_intra_op
 from serving.ui.routes import UiFiles
-from serving.limits.work_admission import mark_pool
+from serving.versions.model_manager import (
+    LoadOptions,
+    ModelManager,
+    ModelSource,
+    sources_from_config,
+)
 
 log = logging.getLogger(__name__)
 

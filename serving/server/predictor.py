@@ -18,18 +18,27 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
-                                     predict_pb2)
-from tensorflow_serving.apis import status_pb2
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    predict_pb2,
+    status_pb2,
+)
 
-from serving.limits.admission import DecodeBudget
 from serving.errors import invalid_argument
+from serving.limits.admission import DecodeBudget
+from serving.limits.work_admission import LIGHT_FRACTION, WorkScheduler, request_work
+from serving.tensors import (
+    DT_STRING,
+    TensorParseError,
+    ndarray_to_tensor_proto,
+    short_dtype_name,
+    tensor_proto_to_ndarray,
+    tensor_shape,
+)
 from serving.versions.model_manager import ModelManager
 from serving.versions.servable import Servable, Signature
-from serving.limits.work_admission import LIGHT_FRACTION, WorkScheduler, request_work
-from serving.tensors import (DT_STRING, TensorParseError, short_dtype_name, tensor_proto_to_ndarray,
-                             tensor_shape)
-from serving.tensors import ndarray_to_tensor_proto
 
 SIGNATURE_DEF = "signature_def"
 Arrays = Dict[str, np.ndarray]
@@ -164,7 +173,7 @@ class Predictor:
                 shapes[alias] = (shape, protos[alias].dtype == DT_STRING)
             check_counts(shapes, max_images)
         arrays = {}
-        for index, alias in enumerate(sorted(expected)):
+        for alias in sorted(expected):
             proto = protos[alias]
             try:
                 arrays[alias] = tensor_proto_to_ndarray(proto, max_elements)

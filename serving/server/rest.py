@@ -31,7 +31,6 @@ pool.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import re
@@ -47,18 +46,26 @@ import uvicorn
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, model_pb2
 
-from serving.server import rest_json
-from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
 from serving.errors import ServingError, invalid_argument
-from serving.server.options import DEFAULTS
+from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
+from serving.limits.work_admission import mark_pool
+from serving.server import rest_json
 from serving.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from serving.server.metrics import ServingMetrics
+from serving.server.options import DEFAULTS
 from serving.server.predictor import SIGNATURE_DEF, Predictor, RunElsewhere, output_aliases
-from serving.server.rest_http import (IDLE_SECONDS, MAX_HEAD_BYTES, Disconnected, HTTPError,
-                               StrictH11Protocol, bind_socket, check_head, respond)
-from serving.versions.servable import DEFAULT_SIGNATURE
+from serving.server.rest_http import (
+    IDLE_SECONDS,
+    MAX_HEAD_BYTES,
+    Disconnected,
+    HTTPError,
+    StrictH11Protocol,
+    bind_socket,
+    check_head,
+    respond,
+)
 from serving.ui.routes import UiFiles, is_ui_path
-from serving.limits.work_admission import mark_pool
+from serving.versions.servable import DEFAULT_SIGNATURE
 
 log = logging.getLogger(__name__)
 

@@ -64,6 +64,7 @@ class CaptionerModule:
     def caption_annotations(self, annotations):
         """Decodes `(batch, L, D)` annotations into the serving outputs."""
         import tensorflow as tf
+
         from models.decoding import attention_to_grid, beam_search, greedy_decode
         annotations = tf.cast(annotations, tf.float32)
         if self.beam_size <= 1:
@@ -85,6 +86,7 @@ class CaptionerModule:
     def caption_images(self, image_bytes):
         """Decodes and resizes the images, encodes them and captions them."""
         import tensorflow as tf
+
         from models.image_ops import decode_batch
         images = decode_batch(image_bytes, self.image_size)
         grid = self.encoder(images, training=False)

@@ -25,8 +25,8 @@ from typing import Callable, Dict, List, Optional
 import grpc
 import numpy as np
 
-from serving.versions.batching_parameters import BatchingParameters
 from serving.errors import ServingError, internal, unavailable
+from serving.versions.batching_parameters import BatchingParameters
 
 log = logging.getLogger(__name__)
 

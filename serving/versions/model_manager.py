@@ -34,11 +34,17 @@ from typing import Callable, Dict, List, Optional, Tuple
 import grpc
 import tensorflow as tf
 
-from serving.versions.batching_parameters import BatchingParameters
 from serving.errors import ServingError, failed_precondition, invalid_argument, not_found
+from serving.versions.batching_parameters import BatchingParameters
+
 # The model config's types, importable from here as before.
-from serving.versions.model_config import (ModelSource, VersionPolicy, VersionStatus,  # noqa: F401
-                                  read_model_config, sources_from_config)
+from serving.versions.model_config import (  # noqa: F401
+    ModelSource,
+    VersionPolicy,
+    VersionStatus,
+    read_model_config,
+    sources_from_config,
+)
 from serving.versions.servable import Servable
 
 log = logging.getLogger(__name__)

@@ -18,11 +18,17 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from serving.errors import (
+    ServingError,
+    failed_precondition,
+    from_tf_error,
+    internal,
+    invalid_argument,
+)
 from serving.limits.admission import image_cost
+from serving.limits.image_headers import ImageHeaderError, check_pixels
 from serving.versions.batch_scheduler import BatchScheduler
 from serving.versions.batching_parameters import BatchingParameters
-from serving.errors import ServingError, failed_precondition, from_tf_error, internal, invalid_argument
-from serving.limits.image_headers import ImageHeaderError, check_pixels
 
 log = logging.getLogger(__name__)
 

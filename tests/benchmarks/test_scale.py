@@ -12,7 +12,6 @@ from pipeline import config as config_lib
 from tests.benchmarks import ROOT, load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def scale():
     return load_benchmark("scale")

@@ -8,7 +8,16 @@ import pytest
 
 from components.contract.config import EvalConfig
 from components.evaluator.metrics.blessing import blessing_decision, format_rows
-from components.evaluator.metrics.bootstrap import METRICS, ImageStats, bleu_stats, corpus_bleu, corpus_meteor, image_stats, metric_values, paired_bootstrap
+from components.evaluator.metrics.bootstrap import (
+    METRICS,
+    ImageStats,
+    bleu_stats,
+    corpus_bleu,
+    corpus_meteor,
+    image_stats,
+    metric_values,
+    paired_bootstrap,
+)
 from components.evaluator.metrics.grounding import COUNT_KEYS, grounding_counts, grounding_metrics
 from tests.tools import require_java
 
@@ -248,7 +257,7 @@ def test_grounding_rates_come_from_summed_counts():
                           grounding=never)
     comparison = paired_bootstrap(stats, baseline, resamples=1, seed=2)
     draw = np.random.default_rng(2).integers(0, n, size=(1, n))[0]  # images 3, 1, 0, 1
-    summed = dict(zip(COUNT_KEYS, counts[draw].sum(axis=0)))
+    summed = dict(zip(COUNT_KEYS, counts[draw].sum(axis=0), strict=True))
     expected = summed["num_grounded"] / summed["num_matched_phrases"]
     assert comparison["grounding"]["interval"] == pytest.approx([expected, expected])
     assert expected != np.mean([counts[i, 2] / counts[i, 1] for i in draw if counts[i, 1]])

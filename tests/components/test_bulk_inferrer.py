@@ -14,8 +14,7 @@ import pytest
 
 from components.bulk_inferrer import cli, inputs, job
 from serving.client.caption_client import CaptionClient, CaptionError
-from tests.serving.conftest import (BLUE, GREEN, RED, make_base, model_store,  # noqa: F401
-                                    start_server)
+from tests.serving.conftest import BLUE, GREEN, RED, make_base, model_store, start_server  # noqa: F401
 from tests.serving.fixtures import expected_caption, solid_image
 
 LINE_KEYS = {"image", "caption", "score", "tokens", "version"}
@@ -171,8 +170,8 @@ def test_check_lines_finds_a_line_written_twice_for_a_lost_one():
 
 
 def test_captioner_caption_with_model_is_bulk_captioning(monkeypatch):
-    from pipeline import cli as captioner
     import serving.client.caption_client
+    from pipeline import cli as captioner
     calls = []
     monkeypatch.setattr(cli, "main", lambda argv: calls.append(("bulk", argv)) or 0)
     monkeypatch.setattr(serving.client.caption_client, "caption_main",

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from components import encoder_trainer
-from components.example_gen import stage as example_gen
 from components.contract import schema
+from components.contract.artifacts import Artifact
+from components.example_gen import stage as example_gen
 from components.synthetic.shapes import generate
 from pipeline.config import DataConfig, EncoderConfig, PipelineConfig
-from components.contract.artifacts import Artifact
 from pipeline.runner import StageContext
 
 
@@ -103,6 +103,7 @@ def _examples(tmp_path, n: int = 60):
 def _in_memory_train_dataset(files, index, image_size, batch_size):
     """The EncoderTrainer's earlier input pipeline: every train image decoded in memory."""
     import tensorflow as tf
+
     from models.image_ops import decode_and_resize
     spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
             "captions": tf.io.VarLenFeature(tf.string)}

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from components.evaluator import stage as evaluator
 from components.contract import io_utils, schema
 from components.contract.artifacts import Artifact
+from components.evaluator import stage as evaluator
 from pipeline.config import PipelineConfig
 from pipeline.runner import StageContext
 
@@ -20,6 +20,7 @@ COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (90, 10, 10), (10, 90, 10
 def _examples(tmp_path, count=30):
     """An Examples artifact whose test split holds `count` solid-colour PNGs."""
     import tensorflow as tf
+
     from tests.serving.fixtures import expected_caption, solid_image
     uri = tmp_path / "examples"
     (uri / "test").mkdir(parents=True)
@@ -81,7 +82,7 @@ def test_the_evaluation_is_what_single_image_requests_get(tmp_path, monkeypatch)
     captions = _captions(outputs["evaluation"])
     from components.evaluator.split_readers import iter_example_batches
     images = [(i, image) for batch in iter_example_batches(examples.uri, "test", 7)
-              for i, image in zip(batch["ids"], batch["images"])]
+              for i, image in zip(batch["ids"], batch["images"], strict=True)]
     assert len(images) == len(captions) == 30
     for image_id, image in images:
         out = served([image])
@@ -144,7 +145,6 @@ def test_a_baseline_exported_with_other_decoding_is_exported_again(tmp_path, mon
 
 
 def test_annotation_batches_stream_every_record_once(tmp_path):
-    import numpy as np
     from components.evaluator.split_readers import iter_annotation_batches, read_annotations
     from tests.components.trainer_worker import write_tiny_artifacts
     uri, _ = write_tiny_artifacts(str(tmp_path), num_train=11, num_val=2)
@@ -155,15 +155,14 @@ def test_annotation_batches_stream_every_record_once(tmp_path):
     ids = [i for b in batches for i in b["ids"]]
     whole = read_annotations(uri, "train")
     assert sorted(ids) == whole["ids"] and len(set(ids)) == 11
-    streamed = dict(zip(ids, np.concatenate([b["annotations"] for b in batches])))
-    for image_id, grid in zip(whole["ids"], whole["annotations"]):
+    streamed = dict(zip(ids, np.concatenate([b["annotations"] for b in batches]), strict=True))
+    for image_id, grid in zip(whole["ids"], whole["annotations"], strict=True):
         assert np.array_equal(streamed[image_id], grid)
     assert [len(b["ids"]) for b in iter_annotation_batches(uri, "train", 4, max_examples=6)] \
         == [4, 2]
 
 
 def test_figure_keeper_keeps_the_smallest_ids_whatever_the_order():
-    import numpy as np
     from components.evaluator.stage import FigureKeeper
     keeper = FigureKeeper(3)
     for image_id in ("img-5", "img-2", "img-9", "img-1", "img-7", "img-3"):

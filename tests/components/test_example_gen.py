@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
 from components.contract.raw_example import RawExample
+from components.example_gen import stage as example_gen
 from pipeline.config import DataConfig
 
 
@@ -164,6 +164,7 @@ def test_karpathy_source_keeps_its_splits(tmp_path):
 
 def test_tfds_source_with_mock_data(tmp_path):
     import tensorflow_datasets as tfds
+
     from components.example_gen.sources.tfds_source import read_tfds
     rng = np.random.default_rng(0)
     images = {"train": 3, "val": 2, "test": 1}

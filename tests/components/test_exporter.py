@@ -14,6 +14,7 @@ from pipeline.runner import StageContext
 def _exporter_context(tmp_path, monkeypatch, build):
     """An Exporter context whose export writes what `build(path)` writes."""
     import keras
+
     from serving.signature import export as export_lib
     # The encoder: one 3x3 conv from 8x8x3 to 4 channels (2 * 6,912 multiply-adds).
     inputs = keras.Input((8, 8, 3))
@@ -35,6 +36,7 @@ def _exporter_context(tmp_path, monkeypatch, build):
 
 def test_the_export_records_its_digest_decoding_and_infra_validation(tmp_path, monkeypatch):
     import tensorflow as tf
+
     from tests.serving.fixtures import build_fixture_model, solid_image
     ctx = _exporter_context(tmp_path, monkeypatch, lambda path: build_fixture_model(
         path, warmup_images=[solid_image((200, 10, 10))]))

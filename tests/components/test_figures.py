@@ -4,8 +4,11 @@ import pytest
 from PIL import Image
 
 from components.evaluator.figures import attention_figure, upsample_attention, write_index
-from serving.client.attention_figure import (MAX_DRAWN_PIXELS, render_attention_figure,
-                                      save_attention_figure)
+from serving.client.attention_figure import (
+    MAX_DRAWN_PIXELS,
+    render_attention_figure,
+    save_attention_figure,
+)
 
 
 def test_attention_figure_writes_a_nontrivial_png(tmp_path):

@@ -102,7 +102,7 @@ def test_one_meteor_jar_scores_two_caption_sets_as_fresh_processes_do():
         shared = [coco_metrics(p, refs, details=True, meteor=jar) for p in (preds, other)]
         assert jar._meteor.meteor_p.poll() is None  # still open for the next set
     assert jar._meteor.meteor_p.poll() is not None  # closed on leaving the block
-    for a, b in zip(fresh, shared):
+    for a, b in zip(fresh, shared, strict=True):
         assert b["METEOR"] == pytest.approx(a["METEOR"], abs=1e-9)
         assert b["meteor_stats"] == a["meteor_stats"]
     assert shared[0]["METEOR"] > shared[1]["METEOR"]

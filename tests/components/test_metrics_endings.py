@@ -4,8 +4,14 @@ import string
 
 import pytest
 
-from components.evaluator.metrics.endings import FUNCTION_WORDS, ending_metrics, is_dangling, last_word
-from components.synthetic import scenes, scenes_grammar, shapes_grammar, shapes as synthetic
+from components.evaluator.metrics.endings import (
+    FUNCTION_WORDS,
+    ending_metrics,
+    is_dangling,
+    last_word,
+)
+from components.synthetic import scenes, scenes_grammar, shapes_grammar
+from components.synthetic import shapes as synthetic
 
 
 @pytest.mark.parametrize("caption", [
@@ -70,7 +76,7 @@ def test_no_template_of_either_grammar_ends_on_a_function_word():
         for noun, *rest in itertools.product(sorted(nouns), *(others[k] for k in keys
                                                                if k in others)):
             fill = {k: f"a red {noun}" for k in objects}
-            fill.update(zip([k for k in keys if k in others], rest))
+            fill.update(zip([k for k in keys if k in others], rest, strict=True))
             caption = template.format(**fill)
             assert not is_dangling(caption), caption
             checked += 1

@@ -12,15 +12,15 @@ import tensorflow as tf
 from PIL import Image
 
 from components.beam import beam_utils
-from components.preprocess import transforms
-from components.preprocess import stage as preprocess
-from components.example_gen import stage as example_gen
 from components.contract import io_utils, schema
+from components.contract.artifacts import Artifact, write_artifact_json
 from components.contract.raw_example import RawExample
+from components.example_gen import stage as example_gen
+from components.preprocess import stage as preprocess
+from components.preprocess import transforms
 from models import text
 from models.encoder import build_encoder
 from models.image_ops import decode_and_resize
-from components.contract.artifacts import Artifact, write_artifact_json
 from pipeline.config import DataConfig, PipelineConfig, PreprocessConfig
 from pipeline.runner import StageContext
 
@@ -207,7 +207,7 @@ def test_captions_tokenized_with_the_vocabulary_and_truncated(in_process):
     # 3 and 7 words, and the 12-word caption truncated to 8: each + <start>, <end>.
     assert r["lengths"] == [5, 9, 10]
     offset = 0
-    for caption, length in zip(r["texts"], r["lengths"]):
+    for caption, length in zip(r["texts"], r["lengths"], strict=True):
         ids = r["tokens"][offset:offset + length]
         assert ids == text.encode(text.normalize(caption), word_to_id, 8)
         offset += length

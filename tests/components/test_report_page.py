@@ -131,6 +131,7 @@ def test_the_evaluator_writes_the_page(tmp_path, monkeypatch):
 
 def test_inspect_prints_the_page_of_each_evaluation(tmp_path, monkeypatch, capsys):
     import argparse
+
     import pipeline.runner
     from pipeline import cli
 

@@ -11,9 +11,8 @@ import pytest
 from PIL import Image
 
 from components.example_gen.sources import get_source, has_boxes
-from components.synthetic import scenes
+from components.synthetic import scenes, shapes_grammar
 from components.synthetic import scenes_grammar as g
-from components.synthetic import shapes_grammar
 from components.synthetic import shapes as synthetic
 from tests.components.sources.raw_examples import check_object, decoded_png_example
 
@@ -51,7 +50,7 @@ def test_same_seed_gives_identical_bytes_and_start_continues_the_stream():
     assert [x.image_bytes for x in tail] == [x.image_bytes for x in a[3:]]
     assert [x.captions for x in tail] == [x.captions for x in a[3:]]
     other = list(scenes.generate(5, seed=4))
-    assert all(x.image_bytes != y.image_bytes for x, y in zip(a, other))
+    assert all(x.image_bytes != y.image_bytes for x, y in zip(a, other, strict=True))
     # scene_at draws the same pixels as the example
     assert np.array_equal(scenes.scene_at(2, seed=3).image, _decode(a[2]))
 
@@ -166,7 +165,7 @@ def test_every_caption_names_existing_objects_with_true_counts_and_sizes(example
             assert 1 <= len(parsed.objects) <= 3, caption
             keys = [(p.color, p.shape) for p in parsed.objects]
             assert len(set(keys)) == len(keys), caption
-            for p, key in zip(parsed.objects, keys):
+            for p, key in zip(parsed.objects, keys, strict=True):
                 assert key in groups, (caption, ex.objects)
                 assert p.count == groups[key], caption
                 assert p.plural == (groups[key] > 1)
@@ -331,6 +330,7 @@ def test_source_is_registered_with_boxes():
 
 def test_example_gen_writes_scenes_with_boxes(tmp_path):
     import tensorflow as tf
+
     from components.contract import io_utils, schema
     from pipeline import config as config_lib
     from pipeline.runner import Runner

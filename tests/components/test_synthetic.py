@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.synthetic import shapes_grammar as g
 from components.synthetic import shapes as synthetic
+from components.synthetic import shapes_grammar as g
 from tests.components.sources.raw_examples import check_object, decoded_png_example
 
 

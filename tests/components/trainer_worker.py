@@ -56,6 +56,7 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
       `(annotations_uri, vocabulary_uri)`.
     """
     import tensorflow as tf
+
     from components.contract import schema
     from models import text
     vocab = list(text.RESERVED) + list(WORDS)

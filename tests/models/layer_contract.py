@@ -105,7 +105,7 @@ def run_layer_test(cls: type, init_kwargs: Mapping[str, Any], input_data,
     _check_outputs(eager, expected_shapes, batch=len(inputs[0]), compute_dtype="float32",
                    float32_outputs=float32_outputs, what="eager call")
     graph = _flat(tf.function(lambda *x: eager_layer(*x, **call_kwargs))(*inputs))
-    for e, g in zip(eager, graph):
+    for e, g in zip(eager, graph, strict=True):
         np.testing.assert_allclose(np.asarray(e), np.asarray(g), rtol=1e-5, atol=1e-6,
                                    err_msg="tf.function call differs from the eager call")
 
@@ -189,7 +189,7 @@ def _is_float(dtype) -> bool:
 def _check_outputs(outputs, expected_shapes, *, batch, compute_dtype, float32_outputs, what):
     """Output count, shapes (batch filled in) and float dtypes."""
     assert len(outputs) == len(expected_shapes), f"{what}: {len(outputs)} outputs"
-    for i, (out, shape) in enumerate(zip(outputs, expected_shapes)):
+    for i, (out, shape) in enumerate(zip(outputs, expected_shapes, strict=True)):
         want = tuple(batch if (d is None and j == 0) else d for j, d in enumerate(shape))
         got = tuple(out.shape)
         assert got == want, f"{what}: output {i} has shape {got}, not {want}"
@@ -232,7 +232,7 @@ def _check_save_and_load(cls, init_kwargs, inputs):
     revived_layer = revived.get_layer("layer_under_test")
     assert type(revived_layer) is cls
     assert revived_layer.get_config() == layer.get_config()
-    for want, got in zip(_flat(model(list(inputs))), _flat(revived(list(inputs)))):
+    for want, got in zip(_flat(model(list(inputs))), _flat(revived(list(inputs))), strict=True):
         np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
 
 
@@ -259,7 +259,7 @@ def _check_training_step(layer, inputs, training_kwargs, zero_gradient_weights=(
     zero = {w.path for w in layer.trainable_weights
             if w.path.split("/", 1)[1] in set(zero_gradient_weights)}
     assert len(zero) == len(set(zero_gradient_weights)), "unknown zero_gradient_weights"
-    for name, g in zip(names, grads):
+    for name, g in zip(names, grads, strict=True):
         assert g is not None, f"{name} gets no gradient"
         g = np.asarray(tf.convert_to_tensor(g))
         assert np.isfinite(g).all(), f"{name}: non-finite gradient"
@@ -269,8 +269,8 @@ def _check_training_step(layer, inputs, training_kwargs, zero_gradient_weights=(
             assert np.any(g != 0), f"{name}: zero gradient"
     if layer.trainable_weights:
         before = [np.array(w.numpy()) for w in layer.trainable_weights]
-        keras.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_weights))
-        for b, w in zip(before, layer.trainable_weights):
+        keras.optimizers.SGD(0.1).apply_gradients(zip(grads, layer.trainable_weights, strict=True))
+        for b, w in zip(before, layer.trainable_weights, strict=True):
             assert np.array_equal(b, w.numpy()) == (w.path in zero), \
                 f"{w.path} {'changed' if w.path in zero else 'did not change'}"
 

@@ -42,6 +42,7 @@ def test_soft_and_hard_attention_weight_regions_like_their_scorer():
 
 def test_score_gradient_equals_autodiff_of_multiply_and_sum():
     import tensorflow as tf
+
     from models.attention_scorer import score
     rng = np.random.default_rng(0)
     energy = tf.constant(np.tanh(rng.normal(size=(3, REGIONS, UNITS))), tf.float32)
@@ -57,7 +58,7 @@ def test_score_gradient_equals_autodiff_of_multiply_and_sum():
 
     ours = grads(score)
     plain = grads(lambda e, v: tf.reduce_sum(e * v, axis=-1))
-    for got, want in zip(ours, plain):
+    for got, want in zip(ours, plain, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -66,6 +67,7 @@ def test_mixed_precision_scores_in_float32_from_compute_dtype_matmuls():
     # sum, tanh and score are float32: the scores equal a float32 evaluation
     # of the same bfloat16 projections.
     import tensorflow as tf
+
     from tests.models.tiny import policy
     with policy("mixed_bfloat16"):
         keras.utils.set_random_seed(0)

@@ -8,8 +8,7 @@ from models.attention_scorer import AttentionScorer
 from models.hard_attention import HardAttention
 from models.soft_attention import SoftAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import (CAPTIONS, DIM, HIDDEN, REGIONS, UNITS, annotations, hidden,
-                               make_model)
+from tests.models.tiny import CAPTIONS, DIM, HIDDEN, REGIONS, UNITS, annotations, hidden, make_model
 
 WEIGHTS = {
     "concat": {"annotation_projection/kernel": (DIM, UNITS),
@@ -102,7 +101,7 @@ def test_projection_once_per_sequence_equals_the_full_call(score):
     layer, a, h = _built(score), annotations(), hidden()
     full = layer(a, h)
     hoisted = layer.attention_weights(layer.project(a), h)
-    for x, y in zip(full, hoisted):
+    for x, y in zip(full, hoisted, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-6)
     np.testing.assert_allclose(np.asarray(full[0]).sum(-1), 1.0, rtol=1e-6)
 

@@ -26,7 +26,7 @@ def _padded(rows, width, start=False):
 def _coco_scores(candidates, references):
     """pycocoevalcap's CIDEr-D of each candidate (one list per image) against its references."""
     scorer = CiderScorer(n=4, sigma=6.0)
-    for cand, refs in zip(candidates, references):
+    for cand, refs in zip(candidates, references, strict=True):
         scorer += (" ".join(WORDS[i] for i in cand), [" ".join(WORDS[i] for i in r) for r in refs])
     _, scores = scorer.compute_score()
     return np.asarray(scores)

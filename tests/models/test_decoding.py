@@ -40,7 +40,7 @@ def test_greedy_matches_a_step_by_step_reference(attention):
     np.testing.assert_allclose(out["attention"], alphas, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out["scores"], scores, rtol=1e-5)
     lengths = np.asarray(out["lengths"])
-    for row, length in zip(np.asarray(out["tokens"]), lengths):
+    for row, length in zip(np.asarray(out["tokens"]), lengths, strict=True):
         assert (row[:length] != 0).all() and (row[length:] == 0).all()
         assert length == 6 or row[length - 1] == END_ID
     assert out["tokens"].dtype == out["lengths"].dtype == tf.int32

@@ -9,8 +9,13 @@ import keras
 import numpy as np
 import pytest
 
-from models.encoder import (CoordinateChannels, ImageNormalization, build_encoder,
-                            keras_app_backbone, normalization_mode)
+from models.encoder import (
+    CoordinateChannels,
+    ImageNormalization,
+    build_encoder,
+    keras_app_backbone,
+    normalization_mode,
+)
 from tests.models.keras_app_weights import write_notop_weights
 from tests.models.layer_contract import run_layer_test
 

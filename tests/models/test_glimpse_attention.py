@@ -188,7 +188,7 @@ def test_reinforce_moves_the_mean_to_the_rewarded_location_not_to_the_border():
                 advantage = tf.stop_gradient(reward - tf.reduce_mean(reward))
                 loss = -tf.reduce_mean(advantage * out["sample_log_prob"]) + tf.reduce_mean(
                     out["guard_penalty"])
-            optimizer.apply_gradients(zip(tape.gradient(loss, policy), policy))
+            optimizer.apply_gradients(zip(tape.gradient(loss, policy), policy, strict=True))
         mean = _np(layer.attend(projected, h)["mean"])
         np.testing.assert_allclose(mean, target, atol=0.08)
     assert np.abs(np.arctanh(mean)).max() < GUARD_BOUND + 0.5     # not saturated at the border

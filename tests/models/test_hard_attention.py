@@ -6,8 +6,16 @@ import tensorflow as tf
 
 from models.hard_attention import HardAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
-                               policy)
+from tests.models.tiny import (
+    DIM,
+    HIDDEN,
+    REGIONS,
+    SCORER_WEIGHTS,
+    UNITS,
+    annotations,
+    hidden,
+    policy,
+)
 
 # chi-square with L - 1 = 8 degrees of freedom, p = 0.001
 CHI2_8_999 = 26.12
@@ -103,7 +111,7 @@ def test_one_reinforce_step_moves_alpha_towards_rewarded_samples():
         loss = -tf.reduce_mean(tf.stop_gradient(reward - 0.5) * log_prob)
     grads = tape.gradient(loss, layer.trainable_weights)
     assert all(g is not None for g in grads[1:])    # b (the bias) gets a gradient too
-    optimizer.apply_gradients(zip(grads, layer.trainable_weights))
+    optimizer.apply_gradients(zip(grads, layer.trainable_weights, strict=True))
     _, alpha1, _, _ = layer(a, h)
     assert float(alpha1[0, 0]) > float(alpha0[0, 0])
 

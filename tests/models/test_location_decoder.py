@@ -8,8 +8,18 @@ from models import losses
 from models.decoding import beam_search, greedy_decode, sample_decode
 from models.show_attend_tell import ShowAttendTell
 from models.text import END_ID
-from tests.models.tiny import (CAPTIONS, DIM, EMBED, HIDDEN, REGIONS, UNITS, VOCAB, annotations,
-                               make_model, policy)
+from tests.models.tiny import (
+    CAPTIONS,
+    DIM,
+    EMBED,
+    HIDDEN,
+    REGIONS,
+    UNITS,
+    VOCAB,
+    annotations,
+    make_model,
+    policy,
+)
 
 LOCATED = ["glimpse", "spatial_transformer"]
 
@@ -95,7 +105,7 @@ def test_greedy_and_beam_search_return_each_words_location(attention):
     for out in (greedy, beam):
         locations, lengths = _np(out["locations"]), _np(out["lengths"])
         assert locations.shape == (2, 6, 3) and out["locations"].dtype == tf.float32
-        for row, length in zip(locations, lengths):
+        for row, length in zip(locations, lengths, strict=True):
             assert (np.abs(row[:length, :2]) <= 1).all() and (row[:length, 2] > 0).all()
             assert (row[length:] == 0).all()
         np.testing.assert_allclose(_np(out["attention"])[:, 0].sum(-1), 1.0, rtol=1e-5)
@@ -139,7 +149,7 @@ def test_glimpse_reinforce_gradient_reaches_the_policy_and_baseline_not_the_deco
         terms = model.compute_loss_terms(annotations(), CAPTIONS)
     def moved(term):
         return {v.path.split("/", 1)[1] for v, g in zip(variables, tape.gradient(terms[term],
-                                                                                   variables))
+                                                                                   variables), strict=True)
                 if g is not None and np.abs(_np(g)).max() > 0}
     policy = {p for p in moved("reinforce_term")}
     assert policy and all(p.startswith("attention/location_network/") for p in policy), policy
@@ -176,7 +186,7 @@ def test_one_training_step_reaches_the_weights_and_hoisted_gradients_are_exact(a
         return [None if g is None else _np(g) for g in tape.gradient(loss, variables)]
 
     hoisted, plain = grads(True), grads(False)
-    for v, x, y in zip(variables, hoisted, plain):
+    for v, x, y in zip(variables, hoisted, plain, strict=True):
         assert (x is None) == (y is None), v.path
         if x is not None:
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=v.path)
@@ -184,7 +194,7 @@ def test_one_training_step_reaches_the_weights_and_hoisted_gradients_are_exact(a
     # before its zero-initialized output kernel.
     with tf.GradientTape() as tape:
         loss = model.compute_loss_terms(annotations(), CAPTIONS)["loss"]
-    zero = {v.path.split("/", 1)[1] for v, g in zip(variables, tape.gradient(loss, variables))
+    zero = {v.path.split("/", 1)[1] for v, g in zip(variables, tape.gradient(loss, variables), strict=True)
             if g is None or not np.abs(_np(g)).max() > 0}
     if attention == "glimpse":
         assert not zero
@@ -248,7 +258,7 @@ def test_self_critical_sampling_and_step(attention):
         terms = scst.policy_loss_terms(model, a, tokens, advantage)
     grads = tape.gradient(terms["policy_sum"], model.trainable_variables)
     keras.optimizers.SGD(0.05).apply_gradients(
-        [(g, v) for g, v in zip(grads, model.trainable_variables) if g is not None])
+        [(g, v) for g, v in zip(grads, model.trainable_variables, strict=True) if g is not None])
     assert float(scst.policy_loss_terms(model, a, tokens, advantage)["nll_sum"]) < before
 
 

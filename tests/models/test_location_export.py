@@ -44,7 +44,7 @@ def test_trained_then_exported_model_serves_each_words_location(tmp_path, attent
         with tf.GradientTape() as tape:
             loss = decoder.compute_loss_terms(annotations, CAPTIONS)["loss"]
         grads = tape.gradient(loss, decoder.trainable_variables)
-        optimizer.apply_gradients(zip(grads, decoder.trainable_variables))
+        optimizer.apply_gradients(zip(grads, decoder.trainable_variables, strict=True))
         losses.append(float(loss))
     assert all(np.isfinite(losses))
     path = export_saved_model(str(tmp_path / "1"), encoder, decoder, VOCAB,
@@ -58,7 +58,7 @@ def test_trained_then_exported_model_serves_each_words_location(tmp_path, attent
     np.testing.assert_array_equal(served["tokens"], want["tokens"])
     np.testing.assert_allclose(locations, want["locations"], rtol=1e-5, atol=1e-6)
     lengths = served["lengths"].numpy()
-    for row, length in zip(locations.numpy(), lengths):
+    for row, length in zip(locations.numpy(), lengths, strict=True):
         assert (np.abs(row[:length, :2]) <= 1).all() and (row[:length, 2] > 0).all()
         assert (row[length:] == 0).all()
     np.testing.assert_allclose(served["attention"].numpy()[:, 0].sum((1, 2)), 1.0, rtol=1e-5)

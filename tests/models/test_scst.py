@@ -25,7 +25,7 @@ def test_sampling_is_seeded_and_pads_after_the_end(attention):
     np.testing.assert_array_equal(tokens, again["tokens"].numpy())
     assert not np.array_equal(tokens, other["tokens"].numpy())
     lengths = first["lengths"].numpy()
-    for row, n in zip(tokens.reshape(12, 7), lengths.reshape(12)):
+    for row, n in zip(tokens.reshape(12, 7), lengths.reshape(12), strict=True):
         assert (row[n:] == PAD_ID).all() and (row[:n] != PAD_ID).all()
         assert END_ID not in row[:n - 1]
         assert row[0] not in (0, 1)        # never <pad> or <start>
@@ -103,6 +103,6 @@ def test_a_step_on_a_rewarded_sample_makes_it_likelier(attention):
         terms = scst.policy_loss_terms(model, a, tokens, np.ones((1, 1), "float32"))
     grads = tape.gradient(terms["policy_sum"], model.trainable_variables)
     assert any(g is not None and float(tf.norm(tf.convert_to_tensor(g))) > 0 for g in grads)
-    optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables)
+    optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables, strict=True)
                                if g is not None])
     assert nll() < before

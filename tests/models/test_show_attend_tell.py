@@ -11,8 +11,18 @@ from models import losses
 from models.decoding import greedy_decode
 from models.show_attend_tell import ShowAttendTell
 from pipeline.config import ModelConfig
-from tests.models.tiny import (CAPTIONS, DIM, EMBED, HIDDEN, REGIONS, UNITS, VOCAB, annotations,
-                               make_model, policy)
+from tests.models.tiny import (
+    CAPTIONS,
+    DIM,
+    EMBED,
+    HIDDEN,
+    REGIONS,
+    UNITS,
+    VOCAB,
+    annotations,
+    make_model,
+    policy,
+)
 
 
 def _inputs(seed=0):
@@ -241,10 +251,10 @@ def test_one_training_step_reaches_every_weight(attention, expected_alpha_prob):
     with tf.GradientTape() as tape:
         loss = model.compute_loss_terms(annotations(), CAPTIONS)["loss"]
     grads = tape.gradient(loss, variables)
-    missing = [v.path for v, g in zip(variables, grads) if g is None]
+    missing = [v.path for v, g in zip(variables, grads, strict=True) if g is None]
     assert not missing
-    keras.optimizers.Adam(1e-2).apply_gradients(zip(grads, variables))
-    assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+    keras.optimizers.Adam(1e-2).apply_gradients(zip(grads, variables, strict=True))
+    assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables, strict=True))
 
 
 @pytest.mark.parametrize("attention", ["soft", "hard"])
@@ -262,7 +272,7 @@ def test_hoisted_recurrent_weight_gradients_equal_plain_autodiff(attention):
     hoisted, traced = grads(), tf.function(grads)()
     model._hoist_weight_grads = False
     plain = grads()
-    for variable, x, y, z in zip(model.trainable_variables, hoisted, traced, plain):
+    for variable, x, y, z in zip(model.trainable_variables, hoisted, traced, plain, strict=True):
         np.testing.assert_allclose(x, z, rtol=1e-5, atol=1e-6, err_msg=variable.path)
         np.testing.assert_allclose(y, z, rtol=1e-5, atol=1e-6, err_msg=variable.path)
 
@@ -285,7 +295,7 @@ def test_hoisted_gradients_are_exact_where_the_step_also_needs_h_u_alone():
         return [tf.convert_to_tensor(g) for g in tape.gradient(loss, model.trainable_variables)]
 
     hoisted, plain = grads(True), grads(False)
-    for variable, x, y in zip(model.trainable_variables, hoisted, plain):
+    for variable, x, y in zip(model.trainable_variables, hoisted, plain, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=variable.path)
 
 
@@ -315,7 +325,7 @@ def test_jit_compiled_training_step(attention):
     jit_loss, jit_grads = tf.function(step, jit_compile=True)(a, CAPTIONS)
     loss, grads = tf.function(step)(a, CAPTIONS)
     np.testing.assert_allclose(jit_loss, loss, rtol=1e-5)
-    for x, y in zip(jit_grads, grads):
+    for x, y in zip(jit_grads, grads, strict=True):
         np.testing.assert_allclose(tf.convert_to_tensor(x), tf.convert_to_tensor(y),
                                    rtol=1e-4, atol=1e-5)
 
@@ -353,7 +363,7 @@ def test_as_float32_is_a_float32_twin_with_the_same_weights(attention):
     assert twin is not model and twin.compute_dtype == "float32"
     assert {layer.compute_dtype for layer in twin._flatten_layers()} == {"float32"}
     assert [w.path for w in twin.weights] == [w.path for w in model.weights]
-    for a, b in zip(twin.get_weights(), model.get_weights()):
+    for a, b in zip(twin.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     full = twin({"annotations": annotations(), "tokens": CAPTIONS[:, :-1]})
     np.testing.assert_allclose(full["logits"], mixed["logits"], atol=0.05)
@@ -416,13 +426,13 @@ def test_hard_expected_baseline_has_no_gradient_and_keeps_the_hoisted_gradients(
     # The REINFORCE term moves what computes alpha (attention MLP, LSTM,
     # embedding), never the deep output: its advantage (reward minus the
     # counterfactual baseline) is a constant.
-    moved = {v.path.split("/")[-2] for v, g in zip(model.trainable_variables, reinforce)
+    moved = {v.path.split("/")[-2] for v, g in zip(model.trainable_variables, reinforce, strict=True)
              if g is not None and np.abs(tf.convert_to_tensor(g)).max() > 0}
     assert {"attention", "lstm_recurrent"} <= moved, moved
     assert not moved & {"output_hidden", "output_context", "output_logits"}, moved
     _, hoisted = grads(True, "loss")
     _, plain = grads(False, "loss")
-    for variable, x, y in zip(model.trainable_variables, hoisted, plain):
+    for variable, x, y in zip(model.trainable_variables, hoisted, plain, strict=True):
         np.testing.assert_allclose(tf.convert_to_tensor(x), tf.convert_to_tensor(y),
                                    rtol=1e-5, atol=1e-6, err_msg=variable.path)
 

@@ -5,8 +5,16 @@ import pytest
 
 from models.soft_attention import SoftAttention
 from tests.models.layer_contract import run_layer_test
-from tests.models.tiny import (DIM, HIDDEN, REGIONS, SCORER_WEIGHTS, UNITS, annotations, hidden,
-                               policy)
+from tests.models.tiny import (
+    DIM,
+    HIDDEN,
+    REGIONS,
+    SCORER_WEIGHTS,
+    UNITS,
+    annotations,
+    hidden,
+    policy,
+)
 
 
 def _built(**kwargs):
@@ -52,7 +60,7 @@ def test_pre_projected_annotations_give_the_same_result():
     a, h = annotations(), hidden()
     projected = layer.project(a)
     assert tuple(projected.shape) == (2, REGIONS, UNITS)
-    for x, y in zip(layer(a, h), layer(a, h, projected=projected)):
+    for x, y in zip(layer(a, h), layer(a, h, projected=projected), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

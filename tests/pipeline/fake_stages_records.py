@@ -35,6 +35,7 @@ def _write(ctx) -> dict:
 
 def _read(ctx) -> dict:
     import tensorflow as tf
+
     from components.contract import io_utils
     src = ctx.inputs["x"]
     files = [src.path(shard_name(i)) for i in range(SHARDS)]

@@ -118,9 +118,9 @@ def test_cross_key_rules(overrides, message):
 
 
 def test_choices_match_what_the_stages_accept():
+    from components.example_gen.sources import SOURCES
     from components.trainer import distribute, train_data
     from models import hard_attention, objective, show_attend_tell
-    from components.example_gen.sources import SOURCES
     choices = config_lib.CHOICES
     assert choices["data.source"] == tuple(SOURCES)
     from components.synthetic import scenes

@@ -40,7 +40,7 @@ def test_found_through_the_cause_and_the_context():
         try:
             raise _oserror(errno.EROFS, "/ro/x")
         except OSError:
-            raise ValueError("while handling it")
+            raise ValueError("while handling it")  # noqa: B904 (the implicit context is the point)
     except ValueError as e:
         during = e
     assert disk_error(caused) == (errno.ENOSPC, "/root/Trainer/.tmp-1/model/best.keras")

@@ -8,9 +8,8 @@ import google_crc32c
 import pytest
 
 from components.contract.artifacts import ARTIFACT_FILE, Artifact
-from pipeline import cli
+from pipeline import cli, integrity
 from pipeline import config as config_lib
-from pipeline import integrity
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages_records as records
 

@@ -11,7 +11,7 @@ import pytest
 from components.contract.artifacts import ARTIFACT_FILE, Artifact
 from pipeline import config as config_lib
 from pipeline.runner import Runner, inspect
-from tests.pipeline import fake_stages, fake_stages_serving
+from tests.pipeline import fake_stages_serving
 from tests.pipeline.test_integrity import _flip_byte
 
 

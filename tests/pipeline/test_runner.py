@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pipeline import config as config_lib
 from components.contract.artifacts import Artifact, ArtifactError
+from pipeline import config as config_lib
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 
@@ -252,6 +252,6 @@ def test_a_declared_view_can_be_replaced_and_stays_declared():
     assert changed.model.attention == config.model.attention
     assert view.train.epochs == config.train.epochs            # the original is unchanged
     with pytest.raises(config_lib.UndeclaredConfigError):
-        changed.eval.beam_size
+        _ = changed.eval.beam_size
     plain = config_lib.replace_section(config, "train", epochs=3)
     assert isinstance(plain, config_lib.PipelineConfig) and plain.train.epochs == 3

@@ -61,7 +61,7 @@ def test_normal_requests_are_not_stalled_by_expensive_ones(server):
     own = float(np.median([_timed(lambda: client.caption([normal])) for _ in range(5)]))
 
     stop = threading.Event()
-    answers, errors = [], []
+    answers = []
 
     def attack(api: str):
         attacker = CaptionClient(server.grpc_address, timeout=120)

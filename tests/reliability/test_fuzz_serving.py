@@ -59,15 +59,25 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
-                                     model_service_pb2_grpc, predict_pb2,
-                                     prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from serving.limits.image_headers import ImageHeaderError, check_pixels
 from serving.tensors import ndarray_to_tensor_proto, short_dtype_name
 from tests.serving.conftest import BLUE, GREEN, RED
-from tests.serving.fixtures import (b64, expected_caption, publish_version, recv_until_closed,
-                                    solid_image)
+from tests.serving.fixtures import (
+    b64,
+    expected_caption,
+    publish_version,
+    recv_until_closed,
+    solid_image,
+)
 from tests.serving.test_server import png_header, predict_request
 
 MAX_REQUEST_BYTES = 256 * 1024

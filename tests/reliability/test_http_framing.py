@@ -66,7 +66,7 @@ FRAMING_ERRORS = [  # (request, status, error fragment)
     # allows, so the request has no Content-Length at all.
     (_post(" Content-Length: 2\r\n", b"{}" + SMUGGLED), 411, "Content-Length required"),
     (_post("Content-Length : 2\r\n", b"{}" + SMUGGLED), 400, "Bad HTTP request"),
-    (f"GET /v1/models/captioner HTTP/1.1\r\n\r\n".encode(), 400, "Host"),
+    ("GET /v1/models/captioner HTTP/1.1\r\n\r\n".encode(), 400, "Host"),
 ]
 
 

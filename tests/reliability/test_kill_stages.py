@@ -37,10 +37,10 @@ import time
 
 import pytest
 
-from components.contract import io_utils, schema
 from components import pusher
-from pipeline import dag
+from components.contract import schema
 from components.contract.artifacts import Artifact
+from pipeline import dag
 from pipeline.runner import inspect
 from tests.reliability.test_pipeline_faults import read_jsonl, record_ids
 from tests.serving.conftest import model_store  # noqa: F401  (the fixture SavedModels)
@@ -496,7 +496,7 @@ def test_publish_version_killed_anywhere_leaves_only_complete_versions(model_sto
     manager.start()
     report = []
     try:
-        for trial, phase in enumerate(phases):
+        for phase in phases:
             before = pusher.existing_versions(model_dir)
             proc = subprocess.Popen([sys.executable, "-c", PUSH_CHILD, saved_model, model_dir,
                                      phase], cwd=REPO, env=_env(), start_new_session=True,

@@ -30,9 +30,9 @@ import pytest
 from PIL import Image
 
 from components.contract import io_utils, schema
+from components.contract.artifacts import Artifact
 from components.synthetic.shapes import generate
 from pipeline import config as config_lib
-from components.contract.artifacts import Artifact
 from pipeline.runner import Runner, StageError, inspect
 from tests.pipeline import fake_stages
 from tests.test_e2e import REPO, _captioner
@@ -79,7 +79,7 @@ def build_coco_with_faults(folder: str, num_images: int = NUM_IMAGES,
     kinds = [k for k, n in FAULTS.items() if k != "duplicate_id" for _ in range(n)]
     order = list(range(num_images))
     rnd.shuffle(order)
-    fault_of = dict(zip(order, kinds))
+    fault_of = dict(zip(order, kinds, strict=True))
     images, annotations, faults = [], [], {}
     for i, raw in enumerate(generate(num_images, image_size=32, seed=seed)):
         image_id = 5000 + i

@@ -21,8 +21,7 @@ import grpc
 from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.client.caption_client import CaptionClient
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import publish_version, solid_image
 
@@ -129,7 +128,7 @@ def test_reloads_under_load_fail_no_request(model_store, serve_process, tmp_path
     assert not errors, errors[:5]
     assert not mismatches, mismatches[:5]
     reloads = len(reload_seconds)
-    gaps = [b - a for a, b in zip(completions, completions[1:])]
+    gaps = [b - a for a, b in zip(completions, completions[1:], strict=False)]
     print(f"\nreload soak: {reloads} reloads in {time.monotonic() - started:.1f} s "
           f"(median {statistics.median(reload_seconds):.2f} s, max {max(reload_seconds):.2f} s), "
           f"{sum(done.values())} requests {dict(done)}, 0 failed, "

@@ -19,16 +19,20 @@ import psutil
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_pb2,
-                                     model_service_pb2_grpc, prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
 
 from pipeline.config import ServeConfig
 from serving.server.model_server import ModelServer, build_parser
 from serving.server.options import ServerOptions
 from tests.reliability.test_fuzz_serving import image, png_bomb, request_of_size
 from tests.serving.conftest import RED
-from tests.serving.fixtures import (b64, build_fixture_model, expected_caption,
-                                    publish_version)
+from tests.serving.fixtures import b64, build_fixture_model, expected_caption, publish_version
 from tests.serving.fixtures import rest_call as rest
 from tests.serving.test_server import png_header, predict_request
 

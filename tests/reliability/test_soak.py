@@ -20,11 +20,14 @@ import time
 
 import pytest
 
-from serving.client.caption_client import CaptionClient
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, ClientOptions
 from tests.serving.conftest import RED, remove_version
-from tests.serving.fixtures import (build_fixture_model, expected_caption, publish_version,
-                                    solid_image)
+from tests.serving.fixtures import (
+    build_fixture_model,
+    expected_caption,
+    publish_version,
+    solid_image,
+)
 
 CLIENTS = 8
 SECONDS = 20          # whole run, load included
@@ -143,7 +146,7 @@ def test_soak_versions_come_and_go_without_failures(models, serve_process, tmp_p
                  for name, a, b in phases}
     per_version = collections.Counter(r[2] for r in results)
     times = sorted([started] + [r[0] for r in results] + [ended])
-    max_gap = max(b - a for a, b in zip(times, times[1:]))
+    max_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
     steady_start = events["v3 served"] + 1.5  # load and unload temporaries freed
     steady = [(t, mb) for t, mb in rss if t >= steady_start]
     half = steady_start + (ended - steady_start) / 2

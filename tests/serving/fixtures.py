@@ -34,7 +34,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
-
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 VOCAB = ("<pad>", "<start>", "<end>", "<unk>", "a", "dark", "bright",

@@ -7,10 +7,10 @@ import threading
 import grpc
 import pytest
 
-from serving.limits import admission
-from serving.limits.admission import DecodeBudget, image_cost
 from serving.client.caption_client import CaptionClient, CaptionError
 from serving.errors import ServingError
+from serving.limits import admission
+from serving.limits.admission import DecodeBudget, image_cost
 from serving.server.flags import DEFAULTS, build_parser
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image

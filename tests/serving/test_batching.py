@@ -7,11 +7,10 @@ import grpc
 import numpy as np
 import pytest
 
+from serving.client.caption_client import CaptionClient, CaptionError, ClientOptions
+from serving.errors import ServingError, invalid_argument
 from serving.versions.batch_scheduler import BatchScheduler
 from serving.versions.batching_parameters import BatchingParameters
-from serving.client.caption_client import CaptionClient, CaptionError
-from serving.client.caption_client import ClientOptions
-from serving.errors import ServingError, invalid_argument
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import expected_caption, solid_image
 
@@ -136,7 +135,7 @@ def test_server_batching_on_and_off_give_the_same_captions(make_base, start_serv
     images = IMAGES + [b"not an image"] + IMAGES
     off = caption_concurrently(plain.grpc_address, images)
     on = caption_concurrently(batched.grpc_address, images)
-    for a, b, image in zip(off, on, images):
+    for a, b, image in zip(off, on, images, strict=True):
         if image == b"not an image":  # fails alone, in both modes, with the same code
             assert isinstance(a, CaptionError) and isinstance(b, CaptionError)
             assert a.code == b.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from serving.client.caption_client import CaptionClient, caption_main
-from serving.server.model_server import build_parser, _batching_from_args
+from serving.server.model_server import _batching_from_args, build_parser
 from tests.serving.conftest import BLUE, RED
 from tests.serving.fixtures import expected_caption, solid_image, stop_process
 

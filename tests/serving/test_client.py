@@ -10,8 +10,7 @@ import pytest
 from PIL import Image
 
 from serving.client.attention_figure import save_attention_figure, upsample_attention
-from serving.client.caption_client import CaptionClient, CaptionError
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, CaptionError, ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 

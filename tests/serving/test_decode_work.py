@@ -12,11 +12,18 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from serving.limits.decode_work import MIN_PASS_WORK, DecodeWorkError, check_work, estimate
-from serving.server.flags import DEFAULTS
 from serving.limits.image_headers import ImageHeaderError, probe_image
+from serving.server.flags import DEFAULTS
 from tests.serving.fixtures import solid_image
-from tests.serving.hostile_images import (animated_webp, interlaced_png, jpeg, many_frame_gif,
-                                          repeated_scan_jpeg, scans_of, tiny_frame_gif)
+from tests.serving.hostile_images import (
+    animated_webp,
+    interlaced_png,
+    jpeg,
+    many_frame_gif,
+    repeated_scan_jpeg,
+    scans_of,
+    tiny_frame_gif,
+)
 from tests.tools import require_tool
 
 

@@ -56,7 +56,7 @@ def test_signatures_and_outputs(exported):
     assert out["lengths"].dtype == tf.int32 and out["score"].dtype == tf.float32
     assert out["attention"].shape[0] == 2 and out["attention"].shape[2:] == (3, 3)
     for caption, tokens, length in zip(out["caption"].numpy(), out["tokens"].numpy(),
-                                       out["lengths"].numpy()):
+                                       out["lengths"].numpy(), strict=True):
         words = [VOCAB[t] for t in tokens[:length] if t > 2]  # <unk> (3) is shown
         assert caption.decode() == " ".join(words)
     ann = loaded.signatures["caption_annotations"](

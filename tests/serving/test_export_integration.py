@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.versions.batching_parameters import BatchingParameters
 from serving.client.caption_client import CaptionClient
+from serving.versions.batching_parameters import BatchingParameters
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import solid_image
 
@@ -14,6 +14,7 @@ from tests.serving.fixtures import solid_image
 def exported(tmp_path_factory):
     """A tiny exported captioner (random weights) as version 1."""
     import keras
+
     from serving.signature.export import Decoding, export_saved_model
     from tests.models.tiny import VOCAB, make_model
 
@@ -52,7 +53,7 @@ def test_exported_model_serves_with_and_without_batching(exported, start_server)
 
     alone = run_concurrently(lambda image: one(plain.grpc_address, image), images)
     merged = run_concurrently(lambda image: one(batched.grpc_address, image), images)
-    for a, b, c in zip(together, alone, merged):
+    for a, b, c in zip(together, alone, merged, strict=True):
         assert a["caption"] == b["caption"] == c["caption"]
         np.testing.assert_array_equal(b["tokens"], c["tokens"])
         assert b["score"] == pytest.approx(c["score"], abs=1e-4)

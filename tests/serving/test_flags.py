@@ -13,11 +13,21 @@ import threading
 import pytest
 
 from serving.client.caption_client import CaptionClient
-from serving.server.flags import TF_SERVING_REFUSED, TF_SERVING_SUPPORTED, build_parser, refused_flag
+from serving.server.flags import (
+    TF_SERVING_REFUSED,
+    TF_SERVING_SUPPORTED,
+    build_parser,
+    refused_flag,
+)
 from serving.server.model_server import main
 from tests.serving.conftest import RED
-from tests.serving.fixtures import (expected_caption, publish_version, rest_call, solid_image,
-                                    stop_process)
+from tests.serving.fixtures import (
+    expected_caption,
+    publish_version,
+    rest_call,
+    solid_image,
+    stop_process,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Every flag of tensorflow_model_server (tensorflow_serving/model_servers/main.cc).

@@ -5,17 +5,24 @@ import urllib.request
 
 import grpc
 import pytest
+import tensorflow as tf
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from serving.server.metrics import (
+    DEFAULT_PATH,
+    LATENCY_BUCKETS,
+    QUEUING_LATENCY,
+    REQUEST_COUNT,
+    REQUEST_LATENCY,
+    RUNTIME_LATENCY,
+    WRAPPED_RUN_COUNT,
+    ServingMetrics,
+    read_monitoring_config,
+)
 from serving.versions.batching_parameters import BatchingParameters
-from serving.server.metrics import (DEFAULT_PATH, LATENCY_BUCKETS, QUEUING_LATENCY, REQUEST_COUNT,
-                             REQUEST_LATENCY, RUNTIME_LATENCY, WRAPPED_RUN_COUNT,
-                             ServingMetrics, read_monitoring_config)
 from tests.serving.conftest import BLUE, GREEN, RED, run_concurrently
 from tests.serving.fixtures import b64, rest_call, solid_image
-
-import tensorflow as tf
 
 
 def scrape(server) -> dict:

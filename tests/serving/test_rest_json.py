@@ -9,8 +9,8 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.server import rest_json
 from serving.errors import ServingError
+from serving.server import rest_json
 
 DTYPES = [tf.float32, tf.float64, tf.float16, tf.int32, tf.int64, tf.int8, tf.uint8]
 

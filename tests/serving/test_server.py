@@ -9,18 +9,22 @@ import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
-                                     get_model_status_pb2, model_pb2, model_service_pb2_grpc,
-                                     predict_pb2, prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
-from serving.client.caption_client import CaptionClient, CaptionError
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, CaptionError, ClientOptions
 from serving.server.model_server import ModelServer
 from serving.server.options import ServerOptions
 from serving.tensors import ndarray_to_tensor_proto
 from tests.serving.conftest import BLUE, GREEN, RED
-from tests.serving.fixtures import (b64, expected_caption, publish_version, rest_call,
-                                    solid_image)
+from tests.serving.fixtures import b64, expected_caption, publish_version, rest_call, solid_image
 
 MAX_REQUEST_BYTES = 1 << 20
 
@@ -149,7 +153,8 @@ def test_model_status(server, client):
 
 def test_health_and_reflection(server):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-        ProtoReflectionDescriptorDatabase)
+        ProtoReflectionDescriptorDatabase,
+    )
     channel = grpc.insecure_channel(server.grpc_address)
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "tensorflow.serving.PredictionService"):
@@ -413,8 +418,8 @@ def test_a_value_beyond_float32_over_grpc_double_val_is_refused(stub):
 
 
 def test_non_finite_outputs_never_reach_a_json_body():
-    from serving.server import rest_json
     from serving.errors import ServingError
+    from serving.server import rest_json
     outputs = {"caption": np.array([b"a"], dtype=object), "score": np.array([np.nan], np.float32)}
     with pytest.raises(ServingError, match="score") as info:
         rest_json.encode_outputs(outputs, row_format=True)

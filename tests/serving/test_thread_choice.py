@@ -4,8 +4,12 @@ import os
 
 import pytest
 
+from serving.server.thread_choice import (
+    SMALL_ENCODER_GFLOPS,
+    choose_intra_op,
+    newest_encoder_gflops,
+)
 from serving.signature.export import EXPORT_RECORD
-from serving.server.thread_choice import SMALL_ENCODER_GFLOPS, choose_intra_op, newest_encoder_gflops
 from tests.serving.conftest import fresh_process_words
 
 

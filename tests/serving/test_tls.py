@@ -10,8 +10,7 @@ import urllib.request
 import grpc
 import pytest
 
-from serving.client.caption_client import CaptionClient, CaptionError
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, CaptionError, ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import expected_caption, solid_image
 
@@ -86,8 +85,9 @@ def test_ssl_config_file_secures_grpc_and_leaves_rest_plain(make_base, start_ser
 
 def test_ssl_config_client_verify_requires_a_client_certificate(make_base, start_server,
                                                                 tmp_path):
-    from serving.server.config_protos import SSLConfig, parse_text_file
     from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+
+    from serving.server.config_protos import SSLConfig, parse_text_file
     cert, key = self_signed(tmp_path)
     config = parse_text_file(_ssl_config_file(tmp_path, cert, key, True), SSLConfig)
     server = start_server(make_base({1: "image"}), ssl_config=config)

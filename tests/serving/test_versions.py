@@ -9,8 +9,7 @@ import time
 import grpc
 import pytest
 
-from serving.client.caption_client import CaptionClient, CaptionError
-from serving.client.caption_client import ClientOptions
+from serving.client.caption_client import CaptionClient, CaptionError, ClientOptions
 from serving.versions.model_manager import VersionPolicy, read_model_config
 from tests.serving.conftest import BLUE, RED, remove_version
 from tests.serving.fixtures import expected_caption, publish_version, solid_image

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from serving.client.caption_client import CaptionClient, CaptionError
-from serving.limits.decode_work import check_work
 from serving.errors import ServingError
-from serving.server.flags import DEFAULTS, build_parser
+from serving.limits.decode_work import check_work
 from serving.limits.image_headers import probe_image
 from serving.limits.work_admission import WorkScheduler, default_lanes, mark_pool, request_work
+from serving.server.flags import DEFAULTS, build_parser
 from tests.serving.conftest import RED, make_base, start_server  # noqa: F401  (fixtures)
 from tests.serving.fixtures import b64, expected_caption, rest_call, solid_image
 from tests.serving.hostile_images import jpeg, repeated_scan_jpeg
@@ -90,7 +90,7 @@ def test_heavy_requests_wait_for_a_lane_in_arrival_order():
     waiting = []
     for i in range(4):  # queued one at a time: their order is known
         waiting.append(_Holder(scheduler, 100, log=log, name=f"wait{i}"))
-        _wait_until(lambda: scheduler.waiting == i + 1)
+        _wait_until(lambda i=i: scheduler.waiting == i + 1)
     assert scheduler.running == 2 and scheduler.peak_running == 2
     for holder in first + waiting:
         holder.release()
@@ -156,7 +156,7 @@ def test_a_full_queue_is_resource_exhausted():
     assert holders[0].entered.wait(10)
     for i in range(2):
         holders.append(_Holder(scheduler, 50))
-        _wait_until(lambda: scheduler.waiting == i + 1)
+        _wait_until(lambda i=i: scheduler.waiting == i + 1)
     with pytest.raises(ServingError) as e:
         with scheduler.admit(50):
             pass
@@ -172,7 +172,7 @@ def test_one_pool_may_fill_at_most_half_its_threads_waiting():
     assert holders[0].entered.wait(10)
     for i in range(2):  # a pool of 4 threads: 2 may wait
         holders.append(_Holder(scheduler, 50, pool=("rest", 4)))
-        _wait_until(lambda: scheduler.waiting == i + 1)
+        _wait_until(lambda i=i: scheduler.waiting == i + 1)
     third = _Holder(scheduler, 50, pool=("rest", 4))
     third.thread.join(10)
     assert third.error is not None and third.error.code is BUSY

@@ -21,9 +21,8 @@ import urllib.request
 
 import numpy as np
 import pytest
-from PIL import Image
-
 import tensorflow as tf
+from PIL import Image
 
 from serving.client.attention_figure import upsample_attention
 from tests.serving.fixtures import FixtureCaptioner, build_fixture_model

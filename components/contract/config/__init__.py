@@ -15,20 +15,46 @@ and the CLI use (`from components.contract import config as config_lib`).
 The keys that name files or folders, and their checks, are in
 `components.contract.config_paths`.
 """
-from components.contract.config.declared import (DeclaredConfig, UndeclaredConfigError,
-                                                 parse_declaration)
+from components.contract.config.declared import (
+                                                 DeclaredConfig,
+                                                 UndeclaredConfigError,
+                                                 parse_declaration,
+)
 from components.contract.config.docs import describe_fields
-from components.contract.config.overrides import (apply_overrides, config_from_module,
-                                                  load_config_file)
-from components.contract.config.sections import (SECTIONS, ConfigError, DataConfig,
-                                                 EncoderConfig, EvalConfig, ModelConfig,
-                                                 PipelineConfig, PreprocessConfig, PushConfig,
-                                                 ServeConfig, TrainConfig, from_dict,
-                                                 replace_section, to_dict, valid_keys)
+from components.contract.config.overrides import (
+                                                 apply_overrides,
+                                                 config_from_module,
+                                                 load_config_file,
+)
+from components.contract.config.sections import (
+                                                 SECTIONS,
+                                                 ConfigError,
+                                                 DataConfig,
+                                                 EncoderConfig,
+                                                 EvalConfig,
+                                                 ModelConfig,
+                                                 PipelineConfig,
+                                                 PreprocessConfig,
+                                                 PushConfig,
+                                                 ServeConfig,
+                                                 TrainConfig,
+                                                 from_dict,
+                                                 replace_section,
+                                                 to_dict,
+                                                 valid_keys,
+)
 from components.contract.config.validation import change_thresholds, did_you_mean, validate
-from components.contract.config.values import (BOXED_SOURCES, CAPTION_METRICS, CHANGE_BOUNDS,
-                                               CHOICES, EARLY_STOPPING_METRICS, EVAL_METRICS,
-                                               GROUNDING_METRICS, MAX_OBJECTS, REPORTED_METRICS)
+from components.contract.config.values import (
+                                                 BOXED_SOURCES,
+                                                 CAPTION_METRICS,
+                                                 CHANGE_BOUNDS,
+                                                 CHOICES,
+                                                 EARLY_STOPPING_METRICS,
+                                                 EVAL_METRICS,
+                                                 GROUNDING_METRICS,
+                                                 MAX_OBJECTS,
+                                                 REPORTED_METRICS,
+)
 
 __all__ = [
     "BOXED_SOURCES", "CAPTION_METRICS", "CHANGE_BOUNDS", "CHOICES", "EARLY_STOPPING_METRICS",

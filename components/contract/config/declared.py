@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from components.contract.config.sections import (SECTIONS, ConfigError, PipelineConfig,
-                                                  _field_types, replace_section, to_dict)
+from components.contract.config.sections import (
+    SECTIONS,
+    ConfigError,
+    PipelineConfig,
+    _field_types,
+    replace_section,
+    to_dict,
+)
 
 
 class UndeclaredConfigError(AttributeError):

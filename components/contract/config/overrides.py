@@ -9,8 +9,13 @@ import os
 import typing
 from typing import Any, Mapping, Sequence
 
-from components.contract.config.sections import (SECTIONS, ConfigError, PipelineConfig,
-                                                  _field_types, valid_keys)
+from components.contract.config.sections import (
+    SECTIONS,
+    ConfigError,
+    PipelineConfig,
+    _field_types,
+    valid_keys,
+)
 from components.contract.config.validation import change_thresholds, did_you_mean, validate
 
 

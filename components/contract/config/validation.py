@@ -4,11 +4,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from components.contract.config.sections import (ConfigError, PipelineConfig,
-                                                  default_change_thresholds)
-from components.contract.config.values import (BOXED_SOURCES, CHANGE_BOUNDS, CHOICES,
-                                                EVAL_METRICS, GROUNDING_METRICS, MAX_OBJECTS,
-                                                REPORTED_METRICS)
+from components.contract.config.sections import (
+    ConfigError,
+    PipelineConfig,
+    default_change_thresholds,
+)
+from components.contract.config.values import (
+    BOXED_SOURCES,
+    CHANGE_BOUNDS,
+    CHOICES,
+    EVAL_METRICS,
+    GROUNDING_METRICS,
+    MAX_OBJECTS,
+    REPORTED_METRICS,
+)
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:

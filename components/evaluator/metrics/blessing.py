@@ -156,4 +156,4 @@ def format_rows(rows: list[dict]) -> list[str]:
                              r["verdict"] + (f" ({'; '.join(r['notes'])})" if r["notes"] else ""))
                             for r in rows]
     widths = [max(len(line[j]) for line in table) for j in range(len(ROW_HEADER))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table]

@@ -29,7 +29,6 @@ from components.contract.scoring import EMPTY_CAPTION, nonempty
 from components.evaluator.metrics.java import INSTALL_HINT, find_java
 from models.text import normalize
 
-
 # What `coco_metrics(progress=...)` reports, in order.
 SCORING_STEPS = ("tokenize", "Bleu", "ROUGE_L", "CIDEr", "METEOR")
 METRIC_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE")
@@ -194,7 +193,7 @@ def _ptb_tokenize(captions: dict[Hashable, list[str]]) -> dict[Hashable, list[st
     if len(out_lines) < len(lines):
         raise RuntimeError(f"PTBTokenizer returned {len(out_lines)} lines for {len(lines)}")
     tokenized: dict[Hashable, list[str]] = {k: [] for k in captions}
-    for k, line in zip(keys, out_lines):
+    for k, line in zip(keys, out_lines, strict=True):
         words = [w for w in line.rstrip().split(" ") if w and w not in ptbtokenizer.PUNCTUATIONS]
         tokenized[k].append(" ".join(words) or EMPTY_CAPTION)
     return tokenized

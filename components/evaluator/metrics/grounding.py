@@ -20,7 +20,6 @@ import numpy as np
 from components.synthetic.scenes_grammar import parse_caption
 from components.synthetic.shapes_grammar import relation_holds
 
-
 COUNT_KEYS = ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
               "num_attribute_correct", "num_sized_phrases", "num_size_correct",
               "num_relation_images", "num_relation_correct")
@@ -61,7 +60,7 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
       ``num_relation_correct``.
     """
     counts = grounding_counts(captions, attentions, objects, widen_cells)
-    return _with_rates(dict(zip(COUNT_KEYS, (int(c) for c in counts.sum(axis=0)))),
+    return _with_rates(dict(zip(COUNT_KEYS, (int(c) for c in counts.sum(axis=0)), strict=True)),
                        len(captions))
 
 
@@ -84,7 +83,7 @@ def grounding_counts(captions: Sequence[Sequence[str] | str],
         raise ValueError(f"captions, attentions and objects differ in length: "
                          f"{len(captions)}, {len(attentions)}, {len(objects)}")
     rows = np.zeros((len(captions), len(COUNT_KEYS)), np.int64)
-    for i, (words, attention, gt) in enumerate(zip(captions, attentions, objects)):
+    for i, (words, attention, gt) in enumerate(zip(captions, attentions, objects, strict=True)):
         counts = _image_counts(words, attention, gt, widen_cells)
         rows[i] = [counts[k] for k in COUNT_KEYS]
     return rows

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from components.example_gen.sources import json_stream
 from components.contract.raw_example import RawExample
+from components.example_gen.sources import json_stream
 
 
 def read_coco(captions_json: str, images_dir: str):

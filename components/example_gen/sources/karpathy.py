@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 
-from components.example_gen.sources import json_stream
 from components.contract.raw_example import RawExample
+from components.example_gen.sources import json_stream
 
 
 def read_karpathy(split_json: str, images_dir: str):

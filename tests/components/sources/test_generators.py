@@ -1,7 +1,8 @@
 """Argument checks shared by the built-in synthetic generators (shapes and scenes)."""
 import pytest
 
-from components.synthetic import scenes, shapes as synthetic
+from components.synthetic import scenes
+from components.synthetic import shapes as synthetic
 
 BAD = {
     synthetic: [dict(min_objects=0), dict(max_objects=4), dict(min_objects=3, max_objects=2),
