@@ -1,9 +1,12 @@
 """The decoder's settings: one frozen dataclass, checked once (no TensorFlow import).
 
-`ShowAttendTell` takes a `DecoderOptions`; its fields are those of the
-pipeline's `model` config section (`components.contract.config.ModelConfig`), except
-that the config's `expected_alpha_warmup_epochs` becomes `expected_alpha_warmup`
-minibatches here and the grid's height and width come from the data. The
+`ShowAttendTell` takes a `DecoderOptions`. Its fields, with their defaults,
+allowed values (`CHOICES`) and one-line help, are the declaration the
+pipeline's `model` config section is generated from
+(`components.contract.config.ModelConfig`), except that the config has
+`expected_alpha_warmup_epochs` where this has `expected_alpha_warmup`
+minibatches, and the grid's height and width and `annotation_gradients` are
+not config keys. The
 config check calls `check_options` too, so a bad value is reported before
 any stage runs, with the same message.
 """
@@ -25,6 +28,11 @@ REINFORCE_BASELINES = ("moving_average", "expected")
 TRANSFORMS = ("attention", "affine")
 # Smallest glimpse std: the REINFORCE gradient of the mean is `(l - mu) / std^2`.
 MIN_GLIMPSE_STD = 1e-3
+
+
+def _option(default: Any, help: str):
+    """A `DecoderOptions` field: its default and its one-line help (the config reference's)."""
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -90,34 +98,34 @@ class DecoderOptions:
         beside `h_{t-1}` (0: `h_{t-1}` alone, as RAM).
       grid_height, grid_width: the annotation grid (0: square, from `L`).
     """
-    embedding_dim: int = 128
-    hidden_dim: int = 256
-    attention_dim: int = 128
-    attention: str = "soft"
-    attention_score: str = "additive"
-    dropout: float = 0.3
-    use_gate: bool = True
-    doubly_stochastic_lambda: float = 1.0
-    entropy_lambda: float = 0.01
-    reinforce_lambda: float = 1.0
-    expected_alpha_prob: float = 0.5
-    expected_alpha_warmup: int = 0
-    baseline_decay: float = 0.9
-    reinforce_credit: str = "sequence"
-    reinforce_baseline: str = "moving_average"
-    hard_inference: str = "expected"
-    annotation_gradients: bool = False
-    glimpse_std: float = 0.1
-    glimpse_patches: int = 2
-    glimpse_size: int = 3
-    glimpse_scale: float = 2.0
-    transform: str = "attention"
-    transform_scale: float = 0.5
-    transform_scale_min: float = 0.1
-    transform_scale_max: float = 1.0
-    location_channels: int = 4
-    grid_height: int = 0
-    grid_width: int = 0
+    embedding_dim: int = _option(128, 'word embedding size m')
+    hidden_dim: int = _option(256, 'LSTM size n')
+    attention_dim: int = _option(128, 'hidden size of the attention MLP f_att')
+    attention: str = _option("soft", 'soft | hard | glimpse (location-wise hard, RAM) | spatial_transformer (location-wise soft)')
+    attention_score: str = _option("additive", 'soft/hard: additive (paper) | general | dot | concat (Luong et al. 2015)')
+    dropout: float = _option(0.3, 'dropout on the deep output layer')
+    use_gate: bool = _option(True, 'beta_t gating scalar (section 4.2.1)')
+    doubly_stochastic_lambda: float = _option(1.0, 'soft only: lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1)')
+    entropy_lambda: float = _option(0.01, 'hard attention entropy bonus lambda_e')
+    reinforce_lambda: float = _option(1.0, 'hard attention lambda_r')
+    expected_alpha_prob: float = _option(0.5, 'hard: P(use expected alpha) per minibatch')
+    expected_alpha_warmup: int = _option(0, 'hard: the first this many training minibatches use the expected context (the config gives it in epochs)')
+    baseline_decay: float = _option(0.9, 'hard: REINFORCE moving-average baseline decay')
+    reinforce_credit: str = _option("sequence", 'hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))')
+    reinforce_baseline: str = _option("moving_average", 'hard: moving_average (paper) | expected (per word: log p(y_t) with the expected context; token credit)')
+    hard_inference: str = _option("expected", 'expected | argmax')
+    annotation_gradients: bool = _option(False, 'back-propagate into the annotations (fine-tune an encoder end to end)')
+    glimpse_std: float = _option(0.1, 'glimpse: std of the location policy in grid coordinates ([-1, 1]); >= 0.001')
+    glimpse_patches: int = _option(2, 'glimpse: k patches per glimpse')
+    glimpse_size: int = _option(3, 'glimpse: g x g samples per patch')
+    glimpse_scale: float = _option(2.0, 'glimpse: each patch s times wider than the last')
+    transform: str = _option("attention", 'spatial_transformer: attention ([[s,0,tx],[0,s,ty]]) | affine (full 2x3)')
+    transform_scale: float = _option(0.5, 'spatial_transformer: initial window half-width in grid coordinates (1 = whole grid)')
+    transform_scale_min: float = _option(0.1, "spatial_transformer: the guard's smallest window scale")
+    transform_scale_max: float = _option(1.0, "spatial_transformer: the guard's largest window scale")
+    location_channels: int = _option(4, 'glimpse/spatial_transformer: per-cell numbers of the image map the location network reads (0 = the LSTM state only)')
+    grid_height: int = _option(0, "the annotation grid's height (0: square, from L)")
+    grid_width: int = _option(0, "the annotation grid's width (0: square, from L)")
 
     def __post_init__(self):
         check_options(dataclasses.asdict(self))

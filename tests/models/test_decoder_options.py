@@ -14,9 +14,12 @@ def test_the_model_config_section_is_the_decoder_options():
     # The config counts the warmup in epochs; the grid comes from the data.
     assert config_fields - {"expected_alpha_warmup_epochs"} == decoder_options.FIELDS - {
         "expected_alpha_warmup", "annotation_gradients", "grid_height", "grid_width"}
+    declared = {f.name: f for f in dataclasses.fields(DecoderOptions)}
     for field in dataclasses.fields(ModelConfig):
-        if field.name in decoder_options.DEFAULTS:
-            assert decoder_options.DEFAULTS[field.name] == field.default, field.name
+        if field.name in declared:  # default and help come from the one declaration
+            assert declared[field.name].default == field.default, field.name
+            assert field.metadata["help"] == declared[field.name].metadata["help"], field.name
+        assert field.metadata["help"], field.name
     choices = config_lib.CHOICES
     assert choices["model.attention"] == decoder_options.ATTENTIONS
     assert choices["model.attention_score"] == decoder_options.SCORES

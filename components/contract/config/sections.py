@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from components.contract.config.values import CAPTION_METRICS, GROUNDING_METRICS
+from models.decoder_options import DecoderOptions
 from serving.server import options as server_options
 from serving.versions.batching_parameters import BatchingParameters
 
@@ -84,34 +85,33 @@ class PreprocessConfig:
     max_shard_mb: int = 128            # num_shards=0: a shard is closed after this many MB
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The attention decoder (Xu et al. 2015, sections 3-4; the attention types: docs/attention.md)."""
-    attention: str = "soft"            # soft | hard | glimpse (location-wise hard, RAM) | spatial_transformer (location-wise soft)
-    attention_score: str = "additive"  # soft/hard: additive (paper) | general | dot | concat (Luong et al. 2015)
-    embedding_dim: int = 128           # word embedding size m
-    hidden_dim: int = 256              # LSTM size n
-    attention_dim: int = 128           # hidden size of the attention MLP f_att
-    dropout: float = 0.3               # dropout on the deep output layer
-    use_gate: bool = True              # beta_t gating scalar (section 4.2.1)
-    doubly_stochastic_lambda: float = 1.0  # soft only: lambda of sum_i (1 - sum_t alpha_ti)^2 (section 4.2.1)
-    entropy_lambda: float = 0.01       # hard attention entropy bonus lambda_e
-    reinforce_lambda: float = 1.0      # hard attention lambda_r
-    expected_alpha_prob: float = 0.5   # hard: P(use expected alpha) per minibatch
-    expected_alpha_warmup_epochs: float = 0.0  # hard: the first this many epochs use expected alpha (no sampling); steps = epochs x steps per epoch
-    baseline_decay: float = 0.9        # hard: REINFORCE moving-average baseline decay
-    reinforce_credit: str = "sequence"  # hard: sequence (paper: log p(y|s,a) per sample) | token (log p(y_t))
-    reinforce_baseline: str = "moving_average"  # hard: moving_average (paper) | expected (per word: log p(y_t) with the expected context; token credit)
-    hard_inference: str = "expected"   # expected | argmax
-    glimpse_std: float = 0.1           # glimpse: std of the location policy in grid coordinates ([-1, 1]); >= 0.001
-    glimpse_patches: int = 2           # glimpse: k patches per glimpse
-    glimpse_size: int = 3              # glimpse: g x g samples per patch
-    glimpse_scale: float = 2.0         # glimpse: each patch s times wider than the last
-    transform: str = "attention"       # spatial_transformer: attention ([[s,0,tx],[0,s,ty]]) | affine (full 2x3)
-    transform_scale: float = 0.5       # spatial_transformer: initial window half-width in grid coordinates (1 = whole grid)
-    transform_scale_min: float = 0.1   # spatial_transformer: the guard's smallest window scale
-    transform_scale_max: float = 1.0   # spatial_transformer: the guard's largest window scale
-    location_channels: int = 4         # glimpse/spatial_transformer: per-cell numbers of the image map the location network reads (0 = the LSTM state only)
+# The `model` section's keys, in the config's order: `DecoderOptions`' fields
+# (default, type, allowed values and help declared there), with the hard
+# attention's warm-up given in epochs instead of minibatches.
+MODEL_KEYS = ('attention', 'attention_score', 'embedding_dim', 'hidden_dim', 'attention_dim', 'dropout', 'use_gate', 'doubly_stochastic_lambda', 'entropy_lambda', 'reinforce_lambda', 'expected_alpha_prob', 'expected_alpha_warmup_epochs', 'baseline_decay', 'reinforce_credit', 'reinforce_baseline', 'hard_inference', 'glimpse_std', 'glimpse_patches', 'glimpse_size', 'glimpse_scale', 'transform', 'transform_scale', 'transform_scale_min', 'transform_scale_max', 'location_channels')
+
+
+def _model_section() -> type:
+    """`ModelConfig`: the decoder's declared options (`models/decoder_options.py`) as config keys."""
+    declared = {f.name: f for f in dataclasses.fields(DecoderOptions)}
+    types = {"str": str, "int": int, "float": float, "bool": bool}
+    fields = []
+    for key in MODEL_KEYS:
+        if key == "expected_alpha_warmup_epochs":
+            fields.append((key, float, field(default=0.0, metadata={"help": (
+                "hard: the first this many epochs use expected alpha (no sampling); "
+                "steps = epochs x steps per epoch")})))
+            continue
+        f = declared[key]
+        fields.append((key, types[str(f.type)], field(default=f.default, metadata=f.metadata)))
+    cls = dataclasses.make_dataclass("ModelConfig", fields, frozen=True)
+    cls.__module__ = __name__
+    cls.__doc__ = ("The attention decoder (Xu et al. 2015, sections 3-4; the attention types: "
+                   "docs/attention.md); declared in models/decoder_options.py.")
+    return cls
+
+
+ModelConfig = _model_section()
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class PipelineConfig:
     data: DataConfig = DataConfig()
     encoder: EncoderConfig = EncoderConfig()
     preprocess: PreprocessConfig = PreprocessConfig()
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = ModelConfig()  # type: ignore[valid-type]
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     push: PushConfig = PushConfig()
