@@ -43,20 +43,17 @@ class CaptionerModule:
       encoder: Keras model `(batch, S, S, 3)` [0, 255] -> `(batch, H, W, D)`.
       decoder: a `models.show_attend_tell.ShowAttendTell`.
       vocabulary: the id -> word list.
-      beam_size: 1 = greedy decoding.
-      max_length: maximum caption length in words (with `<end>`).
-      length_normalization: beam search length penalty alpha (0 = off).
+      decoding: beam size, maximum length and length normalization (`Decoding`).
     """
 
-    def __init__(self, encoder, decoder, vocabulary: Sequence[str], beam_size: int = 3,
-                 max_length: int = 30, length_normalization: float = 0.0):
+    def __init__(self, encoder, decoder, vocabulary: Sequence[str], decoding: "Decoding"):
         import tensorflow as tf
         self.encoder = encoder
         self.decoder = decoder
         self.vocab = tf.constant(list(vocabulary), dtype=tf.string)
-        self.beam_size = int(beam_size)
-        self.max_length = int(max_length)
-        self.length_normalization = float(length_normalization)
+        self.beam_size = int(decoding.beam_size)
+        self.max_length = int(decoding.max_length)
+        self.length_normalization = float(decoding.length_normalization)
         self.image_size = int(encoder.input_shape[1])
         h, w, d = (int(v) for v in encoder.output_shape[1:])
         self.grid = (h, w, d)
@@ -127,8 +124,7 @@ def export_saved_model(path: str, encoder, decoder, vocabulary: Sequence[str],
     import keras
     import tensorflow as tf
     decoding = decoding or Decoding()
-    module = CaptionerModule(encoder, decoder, vocabulary, decoding.beam_size,
-                             decoding.max_length, decoding.length_normalization)
+    module = CaptionerModule(encoder, decoder, vocabulary, decoding)
     _, _, d = module.grid
     h, w, _ = module.grid
     archive = keras.export.ExportArchive()

@@ -15,10 +15,13 @@ from typing import Any, Mapping
 from components.contract.config.values import CAPTION_METRICS, GROUNDING_METRICS
 from models.decoder_options import DecoderOptions
 from serving.server import options as server_options
+from serving.signature.export import Decoding
 from serving.versions.batching_parameters import BatchingParameters
 
 # The server's batching defaults, which the pushed batching_parameters.txt starts from.
 _BATCHING = BatchingParameters()
+# The exported graph's decoding defaults, which the Evaluator measures and the Exporter bakes in.
+_DECODING = Decoding()
 
 
 @dataclass(frozen=True)
@@ -175,9 +178,9 @@ def default_change_thresholds() -> dict[str, dict[str, float]]:
 @dataclass(frozen=True)
 class EvalConfig:
     """Evaluator: decoding, metrics, figures and blessing thresholds."""
-    beam_size: int = 3                 # 1 = greedy; the Exporter bakes it into the SavedModel
-    max_length: int = 30               # longest caption, in words; the Exporter bakes it into the SavedModel
-    length_normalization: float = 0.0  # 0 = off; alpha of ((5+len)/6)^alpha; the Exporter bakes it into the SavedModel
+    beam_size: int = _DECODING.beam_size  # 1 = greedy; the Exporter bakes it into the SavedModel
+    max_length: int = _DECODING.max_length  # longest caption, in words; the Exporter bakes it into the SavedModel
+    length_normalization: float = _DECODING.length_normalization  # 0 = off; alpha of ((5+len)/6)^alpha; the Exporter bakes it into the SavedModel
     batch_size: int = 1                # images per serving_default call (1 = as a single-image request is served, bit for bit)
     num_figures: int = 6               # test images drawn with their attention maps
     max_examples: int = 0              # 0 = the whole test split
