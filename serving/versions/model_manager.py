@@ -6,7 +6,12 @@ versions; the version policy picks the ones to serve (`latest` N, `all`,
 or `specific` versions). A new version is loaded and warmed up while the old
 ones keep serving; only then does it enter the table, and only then are
 versions that left the policy unloaded (TF Serving's availability-preserving
-policy). A version whose folder disappeared is unloaded at once. Requests
+policy): while no version the policy wants is available (still loading,
+failed, waiting for a retry), the newest of the others keeps serving, even
+once its folder is gone. A version that left the policy is unloaded at once
+when another one it wants is available, or when the policy wants none (the
+folders were removed). A poll that cannot list a base path (missing, out of
+file descriptors) changes nothing for that model, as in TF Serving. Requests
 hold a reference to the `Servable` they started on, so an unloaded version
 finishes its in-flight requests before Python frees it.
 
@@ -321,15 +326,20 @@ class ModelManager:
         return True
 
     def _scan(self, source: ModelSource) -> Dict[int, str]:
-        """Integer version folders that hold a saved_model.pb."""
+        """Integer version folders that hold a saved_model.pb ({} when unlistable)."""
+        return self._listing(source) or {}
+
+    def _listing(self, source: ModelSource) -> Optional[Dict[int, str]]:
+        """The version folders of `source`, or None when its base path cannot be listed."""
         base = source.base_path
         try:
             versions = version_folders(base)
-        except tf.errors.OpError:
+        except tf.errors.OpError as e:
             if base not in self._missing_warned:
-                log.warning("model %s: base path %s not found", source.name, base)
+                log.warning("model %s: cannot list the base path %s (%s): the versions "
+                            "loaded stay as they are", source.name, base, e.message)
                 self._missing_warned.add(base)
-            return {}
+            return None
         self._missing_warned.discard(base)
         return versions
 
@@ -339,7 +349,9 @@ class ModelManager:
 
     def _sync(self, source: ModelSource) -> bool:
         name = source.name
-        on_disk = self._scan(source)
+        on_disk = self._listing(source)
+        if on_disk is None:  # a failed listing says nothing about the versions
+            return False
         desired = source.policy.select(on_disk)
         changed = False
         with self._lock:
@@ -367,10 +379,7 @@ class ModelManager:
         closing = []
         with self._lock:
             servables = self._servables.get(name) or {}
-            keep_old = not (desired & set(servables))  # nothing new loaded: keep serving
-            for version in sorted(servables):
-                if version in desired or (keep_old and version in on_disk):
-                    continue
+            for version in retired(desired, servables):
                 closing.append(servables.pop(version))
                 self._states[name][version] = VersionStatus("END")
                 changed = True
@@ -406,6 +415,25 @@ class ModelManager:
                  servable.load_seconds)
         self._failed.pop((name, version), None)
         return servable
+
+
+def retired(desired, loaded) -> List[int]:
+    """The loaded versions to unload: TF Serving's availability-preserving policy.
+
+    Args:
+      desired: the versions the policy wants (from the folders on disk).
+      loaded: the versions available now.
+    Returns:
+      Every loaded version the policy no longer wants, once one it wants is
+      available or when it wants none; while none it wants is available
+      (loading, failed, waiting for a retry), all but the newest of them, so
+      a version is never unloaded before its successor is available, whether
+      or not its folder is still there.
+    """
+    unwanted = sorted(set(loaded) - set(desired))
+    if not desired or set(desired) & set(loaded):
+        return unwanted
+    return unwanted[:-1]
 
 
 def version_folders(base_path: str) -> Dict[int, str]:

@@ -230,3 +230,67 @@ def test_health_not_serving_until_a_version_arrives(tmp_path, model_store, start
         time.sleep(0.05)
     assert check() == health_pb2.HealthCheckResponse.SERVING
     channel.close()
+
+
+# Issue #43: under overload the server ran out of file descriptors; the poll's
+# listing of the base path failed (read as "no versions") and a new version's
+# load failed, while the pusher removed the serving version's folder: the
+# serving version was unloaded with nothing to replace it, and every request
+# got NOT_FOUND (Servable not found for request: Latest(captioner)) until a
+# later load succeeded. TF Serving's availability-preserving policy keeps an
+# unaspired version while no aspired one is ready, and a failed poll changes
+# nothing.
+
+def _caption_version(address: str) -> int:
+    with CaptionClient(address, options=ClientOptions(max_attempts=1)) as client:
+        return client.caption([solid_image(RED)], attention=False)[0]["version"]
+
+
+def test_a_version_stays_served_until_its_successor_is_available(make_base, model_store,
+                                                                 start_server):
+    import dataclasses
+    base = make_base({1: "image"})
+    server = start_server(base, poll_seconds=0)  # no poller: polled by hand below
+    manager = server.manager
+    during_load = []
+
+    def warmup(request, servable):  # runs inside the load of a version ("image" has records)
+        if servable.version == 2:
+            remove_version(base, 1)  # the pusher removes the serving version meanwhile
+            during_load.append(_caption_version(server.grpc_address))
+            raise OSError(24, "Too many open files")  # and version 2's load fails
+        return server.predictor.predict_on(request, servable)
+
+    manager.loading = dataclasses.replace(manager.loading, warmup=warmup)
+    publish_version(model_store["image"], base, 2)
+    manager.poll()  # version 2 fails to load while 1's folder goes away
+    assert during_load == [1]
+    assert manager.status("captioner", 2)[0][1].state == "END"
+    manager.poll()  # version 2 waits for its retry; 1 is no longer on disk
+    assert manager.available_versions("captioner") == [1]
+    assert _caption_version(server.grpc_address) == 1  # not NOT_FOUND
+    publish_version(model_store["square"], base, 3)
+    manager.poll()  # a successor is available: only now does version 1 go
+    assert manager.available_versions("captioner") == [3]
+    assert _caption_version(server.grpc_address) == 3
+
+
+def test_a_base_path_that_cannot_be_listed_changes_nothing(make_base, start_server,
+                                                          monkeypatch):
+    import tensorflow as tf
+
+    from serving.versions import model_manager
+    base = make_base({1: "image"})
+    server = start_server(base, poll_seconds=0)
+
+    def out_of_file_descriptors(path):
+        raise tf.errors.ResourceExhaustedError(None, None, f"{path}: Too many open files")
+
+    monkeypatch.setattr(model_manager, "version_folders", out_of_file_descriptors)
+    server.manager.poll()
+    assert server.manager.available_versions("captioner") == [1]
+    assert _caption_version(server.grpc_address) == 1
+    monkeypatch.undo()
+    remove_version(base, 1)  # a listing that succeeds and finds nothing still unloads
+    server.manager.poll()
+    assert server.manager.available_versions("captioner") == []
