@@ -8,12 +8,18 @@ A test must be able to fail. Flagged:
   in both booleans, of `x or not x`, or of a project file that does not
   exist being absent from a list;
 - a test function that checks nothing: no `assert`, no `pytest.raises`,
-  `pytest.warns` or `pytest.fail`, no `raise` (of its own: a fake it defines
-  does not count), and no call to a checking
-  helper. A helper checks when its name starts with `assert`, `check`,
-  `expect` or `verify` (`np.testing.assert_allclose`, `check_alive`), or
-  when it is a function of the test tree (the same module, or imported from
-  a `tests.` module) that checks, directly or through such helpers.
+  `pytest.warns` or `pytest.fail`, no `raise AssertionError` of its own (one
+  in a fake it defines does not count, and raising any other exception is
+  not an assertion), no library assertion (`np.testing.assert_allclose`,
+  unittest's `self.assertEqual`, a mock's `assert_called_once_with`, ...: the
+  fixed list in `_library_assertion`), and no call to a checking helper. A
+  helper checks when it is a function of the test tree, found by name (the
+  same module, including `self.`/`cls.` methods of its classes, or imported
+  from a `tests.` module), that checks, directly or through such helpers.
+  A name proves nothing: `check_alive()` counts only if the `check_alive`
+  it resolves to asserts, and a project function such as
+  `config.check_paths()` never does (a test that only calls it asserts
+  nothing about what it returned).
 
 `ALLOWED` lists the few tests that are right without a check of their own,
 each with the reason.
@@ -33,8 +39,16 @@ REPO = os.path.dirname(TESTS)
 # "path relative to the repo::test name" -> why it needs no check of its own.
 ALLOWED: Dict[str, str] = {}
 
-CHECKING_NAME = re.compile(r"^_*(assert|check|expect|verify)(_|[A-Z]|$)")
 RAISING_PYTEST = {"raises", "warns", "fail", "deprecated_call"}
+# Assertion methods of library objects, by exact name: unittest.mock's, and those of
+# the status tf.train.Checkpoint.read/restore returns.
+LIBRARY_ASSERT_METHODS = {
+    "assert_called", "assert_called_once", "assert_called_with", "assert_called_once_with",
+    "assert_any_call", "assert_has_calls", "assert_not_called", "assert_awaited",
+    "assert_awaited_once", "assert_awaited_with", "assert_awaited_once_with",
+    "assert_any_await", "assert_has_awaits", "assert_not_awaited",
+    "assert_consumed", "assert_existing_objects_matched", "assert_nontrivial_match"}
+UNITTEST_ASSERT = re.compile(r"^(assert[A-Z]\w*|fail)$")
 
 
 def _test_tree_files(tests: str) -> Iterator[str]:
@@ -186,9 +200,41 @@ def _raises_assertion_error(node: ast.AST) -> bool:
     return False
 
 
+def _dotted(node: ast.AST) -> Optional[List[str]]:
+    """`a.b.c` as ["a", "b", "c"]; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return parts[::-1]
+
+
+def _library_assertion(call: ast.Call) -> bool:
+    """Whether `call` is a library's assertion (a fixed list, not any name that looks like one).
+
+    `<...>.testing.assert_*` (numpy, pandas, torch), `tf.debugging.assert_*`,
+    unittest's `self.assert*` / `self.fail`, and the `LIBRARY_ASSERT_METHODS`
+    of mocks and checkpoint statuses (on any object).
+    """
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in LIBRARY_ASSERT_METHODS:
+        return True
+    parts = _dotted(func)
+    if not parts or len(parts) < 2:
+        return False
+    name = parts[-1]
+    if name.startswith("assert") and ("testing" in parts[:-1] or "debugging" in parts[:-1]):
+        return True
+    return parts[0] == "self" and len(parts) == 2 and UNITTEST_ASSERT.match(name) is not None
+
+
 def _direct_check(node: ast.AST) -> bool:
-    """Whether a function asserts, raises (itself), or uses pytest's raising helpers."""
-    if any(True for _ in _own_raises(node)):
+    """Whether a function asserts, raises AssertionError (itself), uses pytest's raising
+    helpers, or calls a library's assertion (`_library_assertion`)."""
+    if any(_raises_assertion_error(r) for r in _own_raises(node)):
         return True
     for sub in ast.walk(node):
         if isinstance(sub, ast.Assert) or _raises_assertion_error(sub):
@@ -197,7 +243,7 @@ def _direct_check(node: ast.AST) -> bool:
             owner, name = _called_name(sub)
             if owner == "pytest" and name in RAISING_PYTEST:
                 return True
-            if name and CHECKING_NAME.match(name):
+            if _library_assertion(sub):
                 return True
     return False
 
@@ -219,9 +265,11 @@ class Suite:
 
     def _resolve(self, module: Module, owner: Optional[str], name: str) -> Optional[tuple]:
         """The (module, function) of the test tree that a call refers to, or None."""
-        if owner is None:
+        if owner is None or owner in ("self", "cls"):  # a method: one of the module's classes
             if name in module.functions:
                 return module.name, name
+            if owner is not None:
+                return None
             source = module.imported.get(name)
             if source and source[1] and source[0] in self.modules:
                 return source[0], source[1]
@@ -327,26 +375,51 @@ def test_checks_are_found_through_helpers(tmp_path):
     suite = _suite_of(tmp_path, {
         "__init__.py": "",
         "helpers.py": "def contract(x):\n    _inner(x)\n\ndef _inner(x):\n    assert x\n\n"
-                      "def quiet(x):\n    return x\n",
+                      "def quiet(x):\n    return x\n\n"
+                      "def check_quietly(x):\n    return x\n\n"
+                      "def plain_name(x):\n    assert x\n",
         "test_a.py": (
-            "import pytest\nimport numpy as np\nfrom tests import helpers\n"
-            "from tests.helpers import contract, quiet\n\n"
+            "import pytest\nimport numpy as np\nfrom unittest import mock\n"
+            "from tests import helpers\n"
+            "from tests.helpers import contract, quiet, check_quietly, plain_name\n"
+            "from project.config import check_paths\n\n"
             "def test_asserts():\n    assert 1 + 1 == 2\n\n"
             "def test_raises():\n    with pytest.raises(ValueError):\n        int('x')\n\n"
             "def test_numpy():\n    np.testing.assert_allclose(1, 1)\n\n"
+            "def test_mock():\n    m = mock.Mock()\n    m(1)\n"
+            "    m.assert_called_once_with(1)\n\n"
             "def test_checker_name():\n    check_alive(1)\n\n"
+            "def test_checker_name_in_tests():\n    check_quietly(1)\n\n"
+            "def test_checker_name_in_project():\n    check_paths('x')\n\n"
+            "def test_verify_attribute():\n    thing.verify_all()\n\n"
+            "def test_plain_named_helper():\n    plain_name(1)\n\n"
             "def test_local_helper():\n    _local(1)\n\n"
             "def _local(x):\n    if not x:\n        raise AssertionError(x)\n\n"
+            "def test_raising_helper():\n    _raising(1)\n\n"
+            "def _raising(x):\n    if not x:\n        raise OSError(x)\n\n"
+            "def test_raises_itself():\n    if int('1'):\n        raise RuntimeError('x')\n\n"
             "def test_imported_helper():\n    contract(1)\n\n"
             "def test_module_helper():\n    helpers.contract(1)\n\n"
             "def test_nothing():\n    quiet(1)\n\n"
             "def test_only_runs():\n    int('1')\n\n"
             "class TestGroup:\n    def test_method(self):\n        self.assertEqual(1, 1)\n\n"
-            "    def test_empty(self):\n        pass\n"),
+            "    def test_empty(self):\n        pass\n\n"
+            "    def test_own_method(self):\n        self._check_it(1)\n\n"
+            "    def test_quiet_method(self):\n        self.check_nothing(1)\n\n"
+            "    def _check_it(self, x):\n        assert x\n\n"
+            "    def check_nothing(self, x):\n        return x\n"),
     })
     verdict = {f.name: suite.checks_something(m, f) for m, f in suite.test_functions()}
     assert verdict == {"test_asserts": True, "test_raises": True, "test_numpy": True,
-                       "test_checker_name": True, "test_local_helper": True,
+                       "test_mock": True,
+                       # a name that looks like a check proves nothing: it has to resolve
+                       # to a function of the tests that asserts
+                       "test_checker_name": False, "test_checker_name_in_tests": False,
+                       "test_checker_name_in_project": False, "test_verify_attribute": False,
+                       "test_plain_named_helper": True,
+                       "test_local_helper": True, "test_raising_helper": False,
+                       "test_raises_itself": False,
                        "test_imported_helper": True, "test_module_helper": True,
                        "test_nothing": False, "test_only_runs": False, "test_method": True,
-                       "test_empty": False}
+                       "test_empty": False, "test_own_method": True,
+                       "test_quiet_method": False}
