@@ -5,8 +5,10 @@ The server runs as a child process with a small decode-memory budget
 VmHWM, reset before the class (and sampled every 5 ms where the reset is
 not allowed). Asserted per class: every request gets its exact
 code, the server is alive and still captions correctly, and the largest
-RSS seen stays within the budget above the idle RSS. `-s` prints the table
-that docs/RELIABILITY.md quotes.
+RSS seen stays within the budget above the idle RSS. The idle RSS is read
+once it has settled, and the RSS after a burst is polled until it is within
+its bound (SETTLE_S is only a fail-safe), so a slow host waits longer
+instead of failing. `-s` prints the table that docs/RELIABILITY.md quotes.
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ FIGURES: Dict[str, dict] = {}  # class -> requests, codes, peak RSS above idle (
 
 # Memory measured against the server's own idle RSS, taken in the same module.
 pytestmark = pytest.mark.slow
+# RSS is polled, never read after a fixed pause: a slow host only waits longer. This is
+# the fail-safe on each wait (memory that is kept is never given back, however long).
+SETTLE_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +69,7 @@ def server(tmp_path_factory, model_store, serve_process):
         _check_alive(process, stub)
     big = solid_image(BLUE, size=1900)  # 3.6 M pixels: the largest allowed image, once
     assert _grpc(stub, [big]).code() is OK
-    time.sleep(0.5)
-    process.idle_rss = process.rss_mb()
+    process.idle_rss = _settled_rss(process)
     process.stub = stub
     yield process
     _print_figures(process)
@@ -117,6 +121,31 @@ def _rest(process, body: bytes):
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def _settled_rss(process) -> float:
+    """The RSS once it has stopped moving: 10 samples 50 ms apart within 2 MB of each other
+    (the lowest sample seen if it never settles within SETTLE_S)."""
+    samples, deadline = [], time.monotonic() + SETTLE_S
+    while True:
+        samples.append(process.rss_mb())
+        recent = samples[-10:]
+        if len(recent) == 10 and max(recent) - min(recent) <= 2.0:
+            return recent[-1]
+        if time.monotonic() > deadline:
+            return min(samples)
+        time.sleep(0.05)
+
+
+def _rss_above_idle_within(process, limit_mb: float) -> float:
+    """The RSS above idle, polled until it is within `limit_mb`: the first value within it,
+    or the last one after SETTLE_S (which the caller's assertion then reports)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        above = process.rss_mb() - process.idle_rss
+        if above <= limit_mb or time.monotonic() > deadline:
+            return above
+        time.sleep(0.05)
 
 
 def _check_alive(process, stub) -> None:
@@ -343,16 +372,17 @@ def test_concurrent_large_requests_stay_within_the_budget(server):
     assert codes.get("OK", 0) + codes.get("200", 0) > 0, codes
 
 
-def _burst(server, name: str) -> dict:
+def _burst(server, name: str, limit_mb: float) -> dict:
+    """10 of the largest images; then the RSS above idle, given until SETTLE_S to come
+    within `limit_mb` (released memory can take a moment to leave the process)."""
     image = solid_image(BLUE, size=1900)  # 3.6 M pixels: the largest allowed image
     with _measured(server, name) as record:
         for _ in range(10):
             answer = _grpc(server.stub, [image])
             _count(record, answer.code())
             assert answer.code() is OK, answer.details
-    time.sleep(0.5)
-    record["after"] = server.rss_mb()
-    record["after_above_idle"] = record["after"] - server.idle_rss
+    record["after_above_idle"] = _rss_above_idle_within(server, limit_mb)
+    record["after"] = server.idle_rss + record["after_above_idle"]
     print(f"\n{name}: RSS after the burst {record['after']:.0f} MB "
           f"(idle {server.idle_rss:.0f} MB)")
     return record
@@ -360,7 +390,7 @@ def _burst(server, name: str) -> dict:
 
 def test_memory_after_large_requests_stays_within_the_budget(server):
     """TensorFlow's oneDNN allocator (the default on x86) keeps its peak pool for reuse."""
-    record = _burst(server, "largest single image, 10 times")
+    record = _burst(server, "largest single image, 10 times", BUDGET_MB)
     assert record["after_above_idle"] <= BUDGET_MB, record
 
 
@@ -378,9 +408,9 @@ def test_memory_returns_after_large_requests_without_onednn(tmp_path_factory, mo
     process.stub = _stub(process)
     for _ in range(5):
         _check_alive(process, process.stub)
-    time.sleep(0.5)
-    process.idle_rss = process.rss_mb()
-    record = _burst(process, "largest single image, 10 times, TF_ENABLE_ONEDNN_OPTS=0")
+    process.idle_rss = _settled_rss(process)
+    record = _burst(process, "largest single image, 10 times, TF_ENABLE_ONEDNN_OPTS=0",
+                    BUDGET_MB / 8)
     assert record["after_above_idle"] <= BUDGET_MB / 8, record
 
 
