@@ -18,12 +18,16 @@ import threading
 import time
 
 import grpc
+import pytest
 from tensorflow_serving.apis import model_management_pb2, model_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
 from serving.client.caption_client import CaptionClient, ClientOptions
 from tests.serving.conftest import RED
 from tests.serving.fixtures import publish_version, solid_image
+
+# A soak: SECONDS of reloads under load at the least; 15-20 s with its server.
+pytestmark = pytest.mark.slow
 
 CLIENTS = 4
 SECONDS = 5.0   # of reloads under load, and at least MIN_RELOADS of them

@@ -47,6 +47,10 @@ from tests.serving.fixtures import (
     solid_image,
 )
 
+# Three server processes, one per API path: about 25 s on 2 idle cores, 40 s and more
+# when they are loaded.
+pytestmark = pytest.mark.slow
+
 RED = (220, 30, 30)
 # Past the REST fast path's body limit (INLINE_MAX_BODY of the REST server: 256 KiB):
 # JSON whitespace, so the request runs on the pool.
