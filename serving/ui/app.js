@@ -22,8 +22,10 @@
     result: null,      // {words, steps, attention, locations, caption}
     base: null,        // ImageData of the image at the view's size
     panelBase: null,   // ImageData at the panel size
-    alphas: new Map(), // "size:step" -> Float32Array (the upsampled, smoothed map)
+    alphas: new Map(), // "WIDTHxHEIGHT:step" -> Float32Array (the upsampled, smoothed map)
     word: 0,           // 0: the image alone; k: the k-th word
+    asked: 0,          // caption requests started; only the newest one's answer is shown
+    answered: 0,       // caption requests settled (shown, failed, or dropped as stale)
   };
   const timings = {};
   window.captioner = { state: state, timings: timings };  // read by the browser tests
@@ -161,25 +163,51 @@
     });
   }
 
+  // The caption area emptied: the last image's words do not belong to this one.
+  function clearResult() {
+    $("caption").textContent = "";
+    $("result").hidden = true;
+    state.result = null;
+  }
+
+  // Captions `file`. Images chosen in quick succession each get a request; an answer
+  // that comes back after a newer request started is dropped, so the page always
+  // shows the latest image's caption whatever order the answers arrive in.
   async function caption(file) {
     if (!file) return;
+    const request = ++state.asked;
+    const current = () => request === state.asked;
+    const name = file.name || "the pasted image";
     clearError();
     setState("captioning");
-    $("caption").textContent = "Captioning " + (file.name || "the pasted image") + "…";
-    timings.chosen = performance.now();
-    const b64 = await readBase64(file);
+    $("caption").textContent = "Captioning " + name + "…";
+    const times = { chosen: performance.now() };
+    let b64;
+    try {
+      b64 = await readBase64(file);
+    } catch (e) {
+      state.answered++;
+      if (!current()) return;
+      clearResult();
+      const why = String((e && (e.message || e.name)) || e || "unknown error")
+        .replace(/\s+/g, " ").trim();
+      showError(("Cannot read " + name + " to send it (" + why + "). Choose the file " +
+                 "again, or another image.").slice(0, MAX_ERROR_CHARS));
+      return;
+    }
     const instance = state.inputName ? { [state.inputName]: { b64: b64 } } : { b64: b64 };
     const body = JSON.stringify({ signature_name: "serving_default", instances: [instance] });
-    timings.sent = performance.now();
+    times.sent = performance.now();
     const [answer, image] = await Promise.all([
       api(modelPath(state.version) + ":predict", { method: "POST", body: body,
         headers: { "Content-Type": "application/json" } }),
       createImageBitmap(file).catch(() => null)]);
-    timings.answered = performance.now();
+    times.answered = performance.now();
+    state.answered++;
+    if (!current()) return;  // a newer image was chosen meanwhile: its answer is the one shown
+    Object.assign(timings, times);
     if (answer.status !== 200) {
-      $("caption").textContent = "";
-      $("result").hidden = true;  // the last image's words do not belong to this one
-      state.result = null;
+      clearResult();
       showError(describeError(answer.status, answer.body, "caption"));
       return;
     }
@@ -252,7 +280,7 @@
   }
 
   // Bicubic kernel (a = -0.5) and window rules of PIL's BICUBIC resize, which the
-  // figures use (serving/attention_figure.py: upsample_attention).
+  // figures use (serving/client/attention_figure.py: upsample_attention).
   function cubic(x) {
     const a = -0.5;
     x = Math.abs(x);
