@@ -200,7 +200,7 @@ def test_hard_loss_terms_and_baseline_updates():
         second["loss"], float(second["nll"]) + float(second["attention_penalty"])
         + float(second["reinforce_term"]) - 0.1 * float(second["attention_entropy"]), rtol=1e-5)
     # With the expected alpha: no REINFORCE term and no baseline update.
-    model.expected_alpha_prob = 1.0
+    model.options = dataclasses.replace(model.options, expected_alpha_prob=1.0)
     before = float(model.reward_baseline.numpy())
     expected = model.compute_loss_terms(annotations(), CAPTIONS)
     assert float(expected["used_expected_alpha"]) == 1.0
