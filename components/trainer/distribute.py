@@ -210,7 +210,7 @@ def broadcast_from_chief(strategy, variables) -> None:
         return ctx.all_reduce(tf.distribute.ReduceOp.SUM, vals)
 
     reduced = strategy.run(tf.function(fn, autograph=False))
-    for var, value in zip(tensors, reduced):
+    for var, value in zip(tensors, reduced, strict=True):
         local = strategy.experimental_local_results(value)[0]
         var.assign(tf.cast(local, var.dtype))
 
@@ -234,4 +234,4 @@ def chief_values(strategy, values: Mapping[str, float]) -> dict:
 
     per_replica = strategy.run(tf.function(fn, autograph=False))
     reduced = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-    return {k: float(v) for k, v in zip(names, reduced.numpy())}
+    return {k: float(v) for k, v in zip(names, reduced.numpy(), strict=True)}

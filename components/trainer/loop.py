@@ -82,6 +82,7 @@ class TrainingLoop:
     def _build(self) -> None:
         """Model, optimizer, state and checkpoints; restores the latest checkpoint."""
         import tensorflow as tf
+
         from components.trainer.model_setup import build_model
         with self.strategy.scope():
             self.model = build_model(self.config.model, self.inputs.vocab_size,
@@ -118,6 +119,7 @@ class TrainingLoop:
     def _open_outputs(self) -> None:
         """TensorBoard writer, validator and the best-model rule."""
         import tensorflow as tf
+
         from components.trainer.summaries import file_writer
         self.writer = (file_writer(self.phase.logs_dir(self.work_dir)) if self.chief
                        else tf.summary.create_noop_writer())
@@ -168,7 +170,7 @@ class TrainingLoop:
                    disable=not self.chief, dynamic_ncols=True)
         stop_reason = "finished" if int(state.finished.numpy()) else ""
         if stop_reason:
-            self.say(f"training finished in an earlier attempt; exporting its final state")
+            self.say("training finished in an earlier attempt; exporting its final state")
         try:
             while not stop_reason:
                 stop_reason = self._run_epoch(bar)

@@ -66,6 +66,7 @@ def make_optimizer(train_config, total_steps: int):
       A Keras optimizer, wrapped in a `LossScaleOptimizer` under mixed_float16.
     """
     import keras
+
     from components.trainer.fused_adam import FusedAdam
     lr = learning_rate_schedule(train_config, total_steps)
     if train_config.optimizer == "adam":
@@ -82,6 +83,7 @@ def make_optimizer(train_config, total_steps: int):
 def start_file(path: str) -> str:
     """The `.keras` file to start from: the file itself, or a Model folder's served file."""
     import os
+
     from components.contract import schema
     return schema.model_file(path) if os.path.isdir(path) else path
 
@@ -99,6 +101,7 @@ def load_weights(model, path: str) -> str:
         grid or model config).
     """
     import keras
+
     import models.show_attend_tell  # noqa: F401  (registers the layers)
     source = start_file(path)
     saved = keras.saving.load_model(source, compile=False)
@@ -106,7 +109,7 @@ def load_weights(model, path: str) -> str:
     if len(mine) != len(theirs):
         raise ValueError(f"train.init_model={path!r}: the saved model has {len(theirs)} weights, "
                          f"this config's {len(mine)} (another attention or model config?)")
-    for a, b in zip(mine, theirs):
+    for a, b in zip(mine, theirs, strict=True):
         if tuple(a.shape) != tuple(b.shape):
             raise ValueError(f"train.init_model={path!r}: weight {a.path} is {tuple(b.shape)} "
                              f"there and {tuple(a.shape)} here: the model must be trained on the "

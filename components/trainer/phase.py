@@ -67,7 +67,8 @@ class Phase:
     """One training phase as a value: what to compute, what to log, when to stop.
 
     Attributes:
-      name: `"xe"`, `"scst"`: names the phase in logs and tests.
+      name: `"xe"`, `"scst"`; a phase without a best model hands on
+        `<folder>/<name>_final.keras`.
       folder: its checkpoints, history and `best.keras` under the work folder
         (`""`: the work folder itself), and its TensorBoard folder under `logs/`.
       inputs: the `train_data.TrainInputs` its steps read.

@@ -132,6 +132,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
 def _make_optimizer(tcfg):
     """A fresh Adam (`FusedAdam`) at `train.scst_learning_rate`; loss scaling for mixed_float16."""
     import keras
+
     from components.trainer.fused_adam import FusedAdam
     optimizer = FusedAdam(tcfg.scst_learning_rate)
     if tcfg.mixed_precision == "mixed_float16":
@@ -151,6 +152,7 @@ def _init_weights(model, chief: bool, say, *, start: str) -> None:
 def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_length: int):
     """`run_step(batch, step)`: the self-critical step, sampling seeded by `(train.seed, step)`."""
     import tensorflow as tf
+
     from components.trainer.scst_step import ScstStepOptions, make_scst_step
     step_fn = make_scst_step(strategy, model, optimizer, scorer,
                              ScstStepOptions.from_config(tcfg, max_length), element_spec)

@@ -80,6 +80,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
       result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.
     """
     import tensorflow as tf
+
     from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
     from models.text import PAD_ID
@@ -116,7 +117,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
             scaled = optimizer.scale_loss(loss) if loss_scaled else loss
         grads = tape.gradient(scaled, variables)
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
-                 for g, v in zip(grads, variables)]
+                 for g, v in zip(grads, variables, strict=True)]
         norm, scale = apply(grads)
         images = tf.cast(tf.shape(annotations)[0], tf.float32)
         out = {"loss": loss, "policy_sum": terms["policy_sum"],

@@ -58,7 +58,7 @@ def run(ctx) -> dict:
                 f"this process is {role.task_type}:{role.task_id} of a multi_worker job; only "
                 "the chief runs the Trainer stage and publishes the Model. Start this worker "
                 "with: " + _worker_command(ctx, config_path))
-        ctx.log(f"multi_worker chief: start every other worker with\n  "
+        ctx.log("multi_worker chief: start every other worker with\n  "
              + _worker_command(ctx, config_path))
     if distribute.needs_fresh_process(tcfg):
         ctx.log(f"TensorFlow already runs in this process; training in a child process "

@@ -90,7 +90,7 @@ def _make_gradients(model, optimizer, global_batch_size: int, jit_compile: bool,
             scaled = optimizer.scale_loss(objective) if loss_scaled else objective
         grads = tape.gradient(scaled, variables)
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
-                 for g, v in zip(grads, variables)]
+                 for g, v in zip(grads, variables, strict=True)]
         out = {"loss": loss, "nll_sum": tf.reduce_sum(terms["example_nll"]),
                "num_tokens": terms["num_tokens"],
                "penalty_sum": tf.reduce_sum(terms["example_penalty"]),
@@ -109,6 +109,7 @@ def _make_replica_step(strategy, model, optimizer, clip_norm: float,
                        gradients: Callable) -> Callable:
     """`replica_step(batch) -> (sums, means)`: gradients, baseline, clipping, update."""
     import tensorflow as tf
+
     from models.text import PAD_ID
     replicas = strategy.num_replicas_in_sync
     SUM = tf.distribute.ReduceOp.SUM
@@ -153,7 +154,7 @@ def make_apply(strategy, model, optimizer, clip_norm: float) -> Callable:
             # Keras' apply_gradients sums over the replicas once more (a second,
             # cheap all-reduce of identical values): pre-divide. Exact for 2^k replicas.
             grads = [g / replicas for g in grads]
-        optimizer.apply_gradients(zip(grads, variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
         return (tf.cast(norm, tf.float32),
                 scale if scale is not None else tf.ones((), tf.float32))
 

@@ -8,7 +8,13 @@ files read as if written by `tf.summary.scalar` and friends.
 from __future__ import annotations
 
 from components.contract.summary_writer import (  # noqa: F401  (the Trainer's modules use them from here)
-    FLUSH_SECONDS, file_writer, scalar_value, summary_metadata, summary_scalar, write_scalars)
+    FLUSH_SECONDS,
+    file_writer,
+    scalar_value,
+    summary_metadata,
+    summary_scalar,
+    write_scalars,
+)
 
 
 def summary_image(tag: str, image, step: int) -> None:

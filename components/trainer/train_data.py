@@ -385,6 +385,7 @@ def read_inputs(strategy, role, config, annotations_uri: str, vocabulary_uri: st
         missing train split, or one with fewer images than a global batch.
     """
     import keras
+
     from components.trainer import distribute
     tcfg = config.train
     replicas = strategy.num_replicas_in_sync

@@ -50,6 +50,7 @@ class Validator:
 
     def __init__(self, model, eval_set, id_to_word, batch_size: int = 128):
         import tensorflow as tf
+
         from models.decoding import greedy_decode
         self.model = model
         self.eval_set = eval_set

@@ -18,15 +18,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.trainer import distribute, train_data
 from components import trainer
 from components.contract import schema
-from components.trainer import checkpointing, model_setup
+from components.contract.artifacts import Artifact
+from components.trainer import checkpointing, distribute, model_setup, train_data
 from models.text import PAD_ID
 from pipeline import config as config_lib
-from components.contract.artifacts import Artifact
-from pipeline.config import ModelConfig, PipelineConfig, TrainConfig
 from pipeline import dag
+from pipeline.config import ModelConfig, PipelineConfig, TrainConfig
 from pipeline.runner import Runner, StageContext
 from tests.components import trainer_worker
 
@@ -223,7 +222,7 @@ def test_streamed_and_cached_batches_are_the_same(source):
     for epoch in (0, 1):
         a, b = _batches(streamed.dataset(epoch)), _batches(cached.dataset(epoch))
         assert len(a) == len(b) == 4
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x["annotations"], y["annotations"])
             np.testing.assert_array_equal(x["tokens"], y["tokens"])
 
@@ -369,6 +368,7 @@ def test_streamed_and_cached_training_give_the_same_model(source, tmp_path, capf
 
 def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkeypatch, capfd):
     import keras
+
     from components.contract import precision
     chosen = precision.Precision("mixed_bfloat16", "auto", "no GPU; CPU flag avx512_bf16")
     monkeypatch.setattr(precision, "choose_auto", lambda: chosen)
@@ -399,8 +399,9 @@ def test_auto_precision_is_resolved_logged_and_recorded(source, tmp_path, monkey
 
 @pytest.mark.slow
 def test_mirrored_on_two_logical_cpus_matches_default(source, tmp_path):
-    import keras
     from concurrent.futures import ThreadPoolExecutor
+
+    import keras
     tf.constant(0.0) + 1.0  # TF runs here: run() must train `mirrored` in a child process
     devices = len(tf.config.list_logical_devices("CPU"))
     mirrored_ctx = _ctx(source, str(tmp_path / "mirrored"), _config(
@@ -416,7 +417,7 @@ def test_mirrored_on_two_logical_cpus_matches_default(source, tmp_path):
     a = keras.saving.load_model(os.path.join(mirrored_ctx.outputs["model"], "model.keras"))
     b = keras.saving.load_model(os.path.join(default_ctx.outputs["model"], "model.keras"))
     assert len(a.weights) == len(b.weights)
-    for wa, wb in zip(a.weights, b.weights):
+    for wa, wb in zip(a.weights, b.weights, strict=True):
         np.testing.assert_allclose(np.asarray(wa.numpy(), np.float64),
                                    np.asarray(wb.numpy(), np.float64),
                                    rtol=1e-4, atol=1e-5, err_msg=wa.path)

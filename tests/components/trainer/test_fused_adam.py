@@ -45,7 +45,7 @@ def _train(optimizer, steps: int = 5, seed: int = 0, bf16_grads: bool = False):
         grads = tape.gradient(loss, model.trainable_variables)
         if bf16_grads:  # what a mixed_bfloat16 model's backward pass hands over
             grads = [tf.cast(tf.convert_to_tensor(g), tf.bfloat16) for g in grads]
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return grads
 
     for _ in range(steps):
@@ -66,7 +66,7 @@ def test_matches_keras_adam(kwargs):
     assert isinstance(grads[0], tf.IndexedSlices)
     assert len(set(grads[0].indices.numpy().tolist())) < len(grads[0].indices)
     initial = _model().get_weights()
-    for w, g, w0 in zip(want, got, initial):
+    for w, g, w0 in zip(want, got, initial, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)  # float rounding; a step is 0.05
         assert np.abs(g - w0).max() > 0.01  # every variable moved: not two untouched models
 
@@ -74,7 +74,7 @@ def test_matches_keras_adam(kwargs):
 def test_bfloat16_gradients_update_float32_weights_as_keras_does():
     want, _ = _train(keras.optimizers.Adam(0.05), bf16_grads=True)
     got, _ = _train(FusedAdam(0.05), bf16_grads=True)
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)  # float rounding; a step is 0.05
 
@@ -82,7 +82,7 @@ def test_bfloat16_gradients_update_float32_weights_as_keras_does():
 def test_amsgrad_uses_keras_update():
     want, _ = _train(keras.optimizers.Adam(0.05, amsgrad=True))
     got, _ = _train(FusedAdam(0.05, amsgrad=True))
-    for w, g in zip(want, got):
+    for w, g in zip(want, got, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
@@ -128,7 +128,7 @@ _MIRRORED = textwrap.dedent("""
                 with tf.GradientTape() as tape:
                     loss = tf.reduce_sum(tf.square(model(x) - y)) / 8.0
                 grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             strategy.run(replica, args=batch)
 
         for _ in range(3):
@@ -166,14 +166,14 @@ def test_resumes_a_checkpoint_written_with_keras_adam(tmp_path):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.square(model(x)))
         adam.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                 model.trainable_variables))
+                                 model.trainable_variables, strict=True))
     path = tf.train.Checkpoint(model=model, optimizer=adam).write(str(tmp_path / "ckpt"))
 
     resumed_model, fused = _model(seed=1), FusedAdam(0.05)
     fused.build(resumed_model.trainable_variables)
     tf.train.Checkpoint(model=resumed_model, optimizer=fused).read(path).assert_consumed()
     assert int(fused.iterations.numpy()) == 2
-    for a, b in zip(adam.variables, fused.variables):
+    for a, b in zip(adam.variables, fused.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
-    for a, b in zip(model.get_weights(), resumed_model.get_weights()):
+    for a, b in zip(model.get_weights(), resumed_model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)

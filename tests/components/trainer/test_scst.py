@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from components.contract import config as config_lib
 from components import trainer
+from components.contract import config as config_lib
 from components.trainer import checkpointing, scst
 from components.trainer.scst_step import MEAN_KEYS, SUM_KEYS, ScstStepOptions, make_scst_step
 from models.cider_d import CiderD
 from models.decoding import greedy_decode
-from tests.components.test_trainer import _config, _ctx, _events, source  # noqa: F401
+from tests.components import test_trainer
+from tests.components.test_trainer import _config, _ctx, _events
 from tests.models.tiny import annotations, make_model
+
+source = test_trainer.source  # the tiny Annotations and Vocabulary (a module-scoped fixture)
 
 # Two tiny epochs of cross-entropy (4 steps each), then SCST.
 SCST = dict(epochs=2, objective="scst", scst_epochs=2, scst_samples=3, scst_learning_rate=5e-3,

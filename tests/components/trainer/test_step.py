@@ -98,7 +98,7 @@ def test_step_loss_is_the_models_loss_and_every_weight_moves(attention):
     np.testing.assert_allclose(out["loss"], float(want["loss"]), rtol=1e-5)
     assert out["num_tokens"] == float(want["num_tokens"]) and out["examples"] == 2.0
     assert out["grad_norm"] > 1e-3   # the raw norm, before clipping
-    changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables)]
+    changed = [not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables, strict=True)]
     assert all(changed)
 
 
@@ -113,8 +113,8 @@ def _sgd_update(model, batch, token_normalizer):
                            token_normalizer=token_normalizer)
     before = [v.numpy().copy() for v in model.trainable_variables]
     out = {k: float(v) for k, v in step(batch).items()}
-    delta = [v.numpy() - b for b, v in zip(before, model.trainable_variables)]
-    for v, b in zip(model.trainable_variables, before):
+    delta = [v.numpy() - b for b, v in zip(before, model.trainable_variables, strict=True)]
+    for v, b in zip(model.trainable_variables, before, strict=True):
         v.assign(b)
     return out, delta
 
@@ -132,7 +132,7 @@ def test_fixed_token_normalizer_divides_the_summed_token_losses_by_a_constant():
     same, d1 = _sgd_update(model, batch, tokens)
     double, d2 = _sgd_update(model, batch, 2 * tokens)
     assert default["loss"] == pytest.approx(same["loss"]) == pytest.approx(double["loss"])
-    for a, b, c in zip(d0, d1, d2):
+    for a, b, c in zip(d0, d1, d2, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(c, a / 2, rtol=1e-5, atol=1e-7)
     assert any(np.abs(a).max() > 1e-4 for a in d0)
