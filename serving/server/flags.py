@@ -31,6 +31,8 @@ TF_SERVING_SUPPORTED: Dict[str, str] = {
     "port": "gRPC port (0: any free port; TF Serving: 0 disables gRPC)",
     "rest_api_port": "REST port; 0 turns REST off, as in TF Serving",
     "rest_api_num_threads": "REST requests handled at once (default 4 per CPU)",
+    "rest_api_timeout_in_ms": "REST request timeout (default 30000); here requests expected "
+                              "to miss it are refused at once (429)",
     "model_name": "name of the model at --model_base_path",
     "model_base_path": "folder of integer version folders",
     "model_config_file": "models.config (ModelServerConfig text format)",
@@ -57,7 +59,6 @@ TF_SERVING_SUPPORTED: Dict[str, str] = {
 # tensorflow_model_server flags this server does not implement, and why.
 TF_SERVING_REFUSED: Dict[str, str] = {
     "grpc_socket_path": "no UNIX-socket gRPC listener",
-    "rest_api_timeout_in_ms": "no per-request REST timeout",
     "rest_api_enable_cors_support": "no CORS headers",
     "enable_per_model_batching_parameters": "batching parameters are server-wide",
     "num_load_threads": "versions load one at a time",

@@ -86,9 +86,12 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.metrics = metrics
 
     def Predict(self, request, context):
-        deadline = grpc_deadline(context)  # nothing starts once the client gave up
-        return _handle(context, lambda r: self.predictor.predict(r, deadline), request,
-                       self.metrics, "Predict")
+        # Nothing starts once the client gave up; a batched request expected to
+        # be answered after its deadline is refused at once (RESOURCE_EXHAUSTED),
+        # and one whose client cancels while it waits for its batch never runs.
+        deadline = grpc_deadline(context)
+        return _handle(context, lambda r: self.predictor.predict(r, deadline, context.is_active),
+                       request, self.metrics, "Predict")
 
     def GetModelMetadata(self, request, context):
         return _handle(context, self.predictor.metadata, request)

@@ -180,7 +180,8 @@ class ModelServer:
         rest_options = RestOptions(
             max_request_bytes=options.max_request_bytes, ssl_cert=options.ssl_cert,
             ssl_key=options.ssl_key, num_threads=options.rest_threads,
-            metrics_path=self.metrics_path)
+            metrics_path=self.metrics_path, timeout_ms=options.rest_timeout_ms,
+            max_connections=options.rest_max_connections)
         self._rest = RestServer(
             self.predictor, options.host, options.rest_port, rest_options,
             metrics=self.metrics if self.metrics_path else None,
@@ -192,9 +193,14 @@ class ModelServer:
         grpc_options = [("grpc.max_receive_message_length", options.max_request_bytes),
                         ("grpc.max_send_message_length", -1),
                         ("grpc.so_reuseport", 0)]
+        # No RPC waits for a worker thread: beyond max_threads in progress, gRPC
+        # refuses it at once (RESOURCE_EXHAUSTED), as TF Serving's sync server
+        # does once its --grpc_max_threads are busy; waiting, it would only be
+        # answered after its deadline (issue #43, serving/limits/load_shedding.py).
         server = grpc.server(futures.ThreadPoolExecutor(
             max_workers=options.max_threads, thread_name_prefix="grpc", initializer=mark_pool,
-            initargs=("grpc", options.max_threads)), options=grpc_options)
+            initargs=("grpc", options.max_threads)), options=grpc_options,
+            maximum_concurrent_rpcs=options.max_threads)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionServicer(self.predictor, self.metrics), server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self), server)

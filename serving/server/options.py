@@ -88,8 +88,20 @@ class ServerOptions:
         "--max-decode-work; 0: no CPU admission)", "--decode-work-budget", group="limits")
     decode_lanes: Optional[int] = setting(
         None, "expensive requests decoding at once; None: TensorFlow's inter-op threads less one")
-    max_threads: int = setting(64, "gRPC worker threads (requests in progress)",
-                               "--max-threads", "--grpc_max_threads", group="network")
+    max_threads: int = setting(
+        64, "gRPC worker threads: requests in progress at once; more get RESOURCE_EXHAUSTED "
+        "at once instead of waiting for a thread (as TF Serving's --grpc_max_threads)",
+        "--max-threads", "--grpc_max_threads", group="network")
+    rest_timeout_ms: int = setting(
+        30_000, "REST request timeout (ms), from its arrival: a predict request expected to "
+        "be answered later is refused at once (429), one not started in time is answered 504 "
+        "without running (gRPC requests use their own deadline); 0: none",
+        "--rest-timeout-ms", "--rest_api_timeout_in_ms", group="limits")
+    rest_max_connections: Optional[int] = setting(
+        None, "open REST connections beyond which requests get 503 and their connection is "
+        "closed, so the process keeps file descriptors for its models (default: half the "
+        "open-file limit, RLIMIT_NOFILE; 0: no limit)", "--rest-max-connections",
+        group="limits")
     config_poll_seconds: Optional[float] = setting(
         None, "seconds between re-reads of the config file; <= 0: read once; None: at every "
         "file-system poll")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 from tensorflow_serving.apis import (
@@ -116,21 +116,25 @@ class Predictor:
 
     # -- Predict -----------------------------------------------------------
 
-    def predict(self, request: predict_pb2.PredictRequest,
-                deadline: Optional[float] = None) -> predict_pb2.PredictResponse:
+    def predict(self, request: predict_pb2.PredictRequest, deadline: Optional[float] = None,
+                is_active: Optional[Callable[[], bool]] = None) -> predict_pb2.PredictResponse:
         """PredictionService.Predict.
 
         Args:
           request: the request.
           deadline: `time.monotonic()` time after which nothing is started
-            (DEADLINE_EXCEEDED); None: none.
+            (DEADLINE_EXCEEDED), and by which a batched request must be
+            expected to be answered (else RESOURCE_EXHAUSTED at once); None: none.
+          is_active: returns False once the client is gone; None: never.
         Returns:
           The response.
         """
-        return self.predict_on(request, self.resolve(request.model_spec), deadline)
+        return self.predict_on(request, self.resolve(request.model_spec), deadline, is_active)
 
     def predict_on(self, request: predict_pb2.PredictRequest, servable: Servable,
-                   deadline: Optional[float] = None) -> predict_pb2.PredictResponse:
+                   deadline: Optional[float] = None,
+                   is_active: Optional[Callable[[], bool]] = None
+                   ) -> predict_pb2.PredictResponse:
         """Predict on a given servable (also the warmup replay path)."""
         self.work.check_deadline(deadline)
         signature = servable.signature(request.model_spec.signature_name)
@@ -138,7 +142,7 @@ class Predictor:
                                    max_elements=self.max_tensor_elements,
                                    max_images=self.max_images)
         aliases = output_aliases(signature, request.output_filter)
-        outputs = self.run(servable, signature, inputs, deadline)
+        outputs = self.run(servable, signature, inputs, deadline, is_active=is_active)
         response = predict_pb2.PredictResponse()
         response.model_spec.name = servable.name
         response.model_spec.version.value = servable.version
@@ -182,7 +186,8 @@ class Predictor:
         return arrays
 
     def run(self, servable: Servable, signature: Signature, inputs: Arrays,
-            deadline: Optional[float] = None, inline: bool = False) -> Arrays:
+            deadline: Optional[float] = None, inline: bool = False,
+            is_active: Optional[Callable[[], bool]] = None) -> Arrays:
         """Checks shapes and images, then runs (batched when configured).
 
         Args:
@@ -190,9 +195,11 @@ class Predictor:
           signature: its signature to run.
           inputs: alias -> array.
           deadline: `time.monotonic()` time after which the run must not
-            start; None: none.
+            start, and by which a batched run must be expected to end
+            (`Servable.run`); None: none.
           inline: the caller may not block long (an event loop): raise
             `RunElsewhere` after the checks unless `may_run_inline`.
+          is_active: returns False once the client is gone; None: never.
         Returns:
           The outputs, alias -> array.
 
@@ -221,7 +228,7 @@ class Predictor:
         with self.work.admit(work, deadline, what):
             started = time.perf_counter()
             with self.budget.reserve(cost.bytes, what):
-                outputs = servable.run(signature, inputs)
+                outputs = servable.run(signature, inputs, deadline, is_active)
         if self.metrics is not None:
             self.metrics.record_runtime(servable.name, "Predict",
                                         1e6 * (time.perf_counter() - started))

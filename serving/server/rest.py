@@ -27,10 +27,26 @@ itself when its decode work is small and it is not batched
 (`Predictor.may_run_inline`), which saves two thread hand-offs (pool and
 back); any other request, or one found too costly once parsed, goes to the
 pool.
+
+Overload (issue #43, `serving/limits/load_shedding.py`): a request's
+deadline is its arrival plus `timeout_ms` (TF Serving's
+`--rest_api_timeout_in_ms`). One that would wait for a pool thread past it
+(the requests waiting over the threads, times the mean time a request
+holds a thread) is refused at once, 429; one still waiting when it passes
+is answered 504 without running; a batched one expected to be answered
+after it is refused by the batch queue (429). A request whose connection is
+lost while it waits (reset, transport error) is dropped from the batch
+queue unrun: a client that only half-closes (FIN) after its request still
+gets its answer, so a FIN cannot tell a client that left, and what bounds
+the work left by clients that gave up is the timeout. Beyond
+`max_connections` open connections, requests get 503 and their
+connection is closed, so the process keeps file descriptors for loading
+its models.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import re
@@ -48,6 +64,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from serving.errors import ServingError, invalid_argument
 from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
+from serving.limits.load_shedding import RunTimes, expected_seconds
 from serving.limits.work_admission import mark_pool
 from serving.server import rest_json
 from serving.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -92,6 +109,10 @@ class RestOptions:
         `RestServer`'s `metrics`).
       fast_path: run a small predict request on the event loop when it is
         alone (see the module doc); False: every request goes to the pool.
+      timeout_ms: a request's deadline after its arrival (see the module
+        doc); 0: none.
+      max_connections: open connections beyond which requests get 503;
+        None: half the process's open-file limit; 0: no limit.
     """
     max_request_bytes: int = DEFAULTS.max_request_bytes
     ssl_cert: Optional[str] = None
@@ -99,6 +120,18 @@ class RestOptions:
     num_threads: Optional[int] = None
     metrics_path: Optional[str] = None
     fast_path: bool = True
+    timeout_ms: int = DEFAULTS.rest_timeout_ms
+    max_connections: Optional[int] = DEFAULTS.rest_max_connections
+
+
+def default_max_connections() -> int:
+    """Half the process's soft open-file limit (0, no limit, where it cannot be read)."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 0
+    return 0 if soft == resource.RLIM_INFINITY else max(soft // 2, 1)
 
 
 class RestServer:
@@ -131,6 +164,11 @@ class RestServer:
         app = _RestApp(predictor, options.max_request_bytes, self._executor, metrics,
                        options.metrics_path)
         app.ui = ui  # `captioner serve --ui`: the page at /ui/ (serving/ui/routes.py)
+        app.threads = threads
+        app.timeout = options.timeout_ms / 1e3 if options.timeout_ms > 0 else None
+        app.max_connections = (default_max_connections() if options.max_connections is None
+                               else max(options.max_connections, 0))
+        app.fast_path = options.fast_path
         self.app = app
         # proxy_headers off: nothing here reads the client address, so no
         # per-request middleware rewrites it from X-Forwarded-For.
@@ -147,9 +185,8 @@ class RestServer:
             self._socket.close()
             raise
         self._server = uvicorn.Server(config)
-        if options.fast_path:
-            state = self._server.server_state
-            app.connections = lambda: len(state.connections)
+        state = self._server.server_state
+        app.connections = lambda: len(state.connections)
         self._thread: Optional[threading.Thread] = None
 
     @property
@@ -185,8 +222,12 @@ class _RestApp:
     """The ASGI application: reads the body, then runs the request on the thread pool."""
 
     ui: Optional[UiFiles] = None
-    # Open connections (set by RestServer with the fast path on); None: no fast path.
+    # Open connections (set by RestServer); None: unknown (no fast path, no limit).
     connections: Optional[Callable[[], int]] = None
+    fast_path = True
+    threads = 1  # the pool's threads
+    timeout: Optional[float] = None  # seconds from a request's arrival to its deadline
+    max_connections = 0  # 0: no limit
 
     def __init__(self, predictor: Predictor, max_request_bytes: int, executor: ThreadPoolExecutor,
                  metrics: Optional[ServingMetrics], metrics_path: Optional[str]):
@@ -197,10 +238,16 @@ class _RestApp:
         self.metrics_path = metrics_path if metrics is not None else None
         self.in_flight = 0  # requests between routing and answer (event loop only)
         self.inline_runs = 0  # requests answered on the fast path
+        self.pool_jobs = 0  # requests handed to the pool and not done (event loop only)
+        self.job_times = RunTimes()  # seconds a request holds a pool thread
+        # "busy" (429: no thread in time), "connections" (503) -> requests refused
+        self.refused: collections.Counter = collections.Counter()
+        self.disconnects = 0  # requests whose connection was lost while they waited
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        arrived = time.monotonic()
         method = scope["method"]
         raw_path = scope.get("raw_path")
         # The undecoded path: model names are unquoted after routing, so
@@ -214,6 +261,14 @@ class _RestApp:
             return
         except Disconnected:
             return
+        if self.max_connections and self.connections is not None \
+                and self.connections() > self.max_connections:
+            self.refused["connections"] += 1
+            await respond(send, 503, _error(
+                f"server busy: {self.connections()} REST connections are open, more than "
+                f"{self.max_connections} (--rest-max-connections); retry later, or reuse a "
+                f"connection"), close=True)
+            return
         if self.ui is not None and is_ui_path(path):
             await self.ui.respond(scope, send, self.executor)
             return
@@ -222,14 +277,17 @@ class _RestApp:
                 self.executor, self.metrics.exposition)
             await respond(send, 200, data, content_type=METRICS_CONTENT_TYPE)
             return
+        deadline = arrived + self.timeout if self.timeout is not None else None
         self.in_flight += 1
         try:
-            answer = self._handle(method, path, body, inline=True) \
+            answer = self._handle(method, path, body, inline=True, deadline=deadline) \
                 if self._may_try_inline(method, body) else None
             if answer is None:
                 # The answer is encoded on the pool too: the loop only writes it.
-                answer = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._handle, method, path, body)
+                answer = self._refusal(deadline) or await self._on_pool(
+                    method, path, body, deadline, receive)
+                if answer is None:  # the connection was lost: nobody to answer
+                    return
             else:
                 self.inline_runs += 1
         finally:
@@ -238,8 +296,53 @@ class _RestApp:
 
     def _may_try_inline(self, method: str, body: bytes) -> bool:
         """The fast path's preconditions: a small POST, alone on the only connection."""
-        return (self.connections is not None and method == "POST" and self.in_flight == 1
-                and len(body) <= INLINE_MAX_BODY and self.connections() <= 1)
+        return (self.fast_path and self.connections is not None and method == "POST"
+                and self.in_flight == 1 and len(body) <= INLINE_MAX_BODY
+                and self.connections() <= 1)
+
+    def _refusal(self, deadline: Optional[float]) -> Optional[Tuple[int, bytes]]:
+        """429 when no pool thread would take the request in time to answer it by its
+        deadline (see the module doc), else None."""
+        ahead = self.pool_jobs
+        if deadline is None or ahead < self.threads:
+            return None
+        mean = self.job_times.mean
+        expected = expected_seconds(ahead, self.threads, mean)
+        left = deadline - time.monotonic()
+        if expected is None or expected <= left:
+            return None
+        self.refused["busy"] += 1
+        return 429, _error(
+            f"server busy: {ahead - self.threads + 1} requests wait for one of the "
+            f"{self.threads} REST threads ({1e3 * mean:.0f} ms each): the answer would come in "
+            f"about {1e3 * expected:.0f} ms, after the {1e3 * max(left, 0):.0f} ms left of the "
+            f"request's timeout (--rest-timeout-ms); retry later")
+
+    async def _on_pool(self, method: str, path: str, body: bytes, deadline: Optional[float],
+                       receive) -> Optional[Tuple[int, bytes]]:
+        """The request handled on the pool; None when its connection is lost first (its
+        batched run, if queued, is then dropped unrun)."""
+        gone = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(
+            self.executor, self._handle, method, path, body, False, deadline,
+            lambda: not gone.is_set())
+        self.pool_jobs += 1
+        job.add_done_callback(self._job_done)
+        while True:
+            watcher = asyncio.ensure_future(receive())  # returns once the connection is lost
+            done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if job in done:
+                watcher.cancel()
+                return job.result()
+            if watcher.result().get("type") == "http.disconnect":
+                gone.set()
+                self.disconnects += 1
+                return None
+
+    def _job_done(self, job) -> None:
+        self.pool_jobs -= 1
+        if not job.cancelled():
+            job.exception()  # retrieved: an answer nobody waits for is dropped quietly
 
     async def _read_body(self, headers, method: str, receive) -> bytes:
         lengths = [value for name, value in headers if name == b"content-length"]
@@ -277,12 +380,14 @@ class _RestApp:
 
     # -- on the thread pool ----------------------------------------------------
 
-    def _handle(self, method: str, path: str, body: bytes,
-                inline: bool = False) -> Optional[Tuple[int, bytes]]:
+    def _handle(self, method: str, path: str, body: bytes, inline: bool = False,
+                deadline: Optional[float] = None,
+                is_active: Optional[Callable[[], bool]] = None) -> Optional[Tuple[int, bytes]]:
         """(HTTP status, JSON body) of one request; counts it in the metrics.
 
         With `inline` (on the event loop), None when the request must run on
         the pool instead (`RunElsewhere`): nothing ran and nothing was counted.
+        `deadline` (`time.monotonic()`) and `is_active` go to the predict run.
         """
         started = time.perf_counter()
         seen: Dict[str, str] = {}  # model_name and api, once routing knows them
@@ -292,7 +397,7 @@ class _RestApp:
                 return 501, _error(f"Unsupported method ({method!r})")
             if not path.lower().startswith("/v1/"):
                 return 404, _error(f"Not found: {method} {path}")
-            return 200, self._route(method, path, body, seen, inline)
+            return 200, self._route(method, path, body, seen, inline, deadline, is_active)
         except RunElsewhere:
             seen.clear()
             return None
@@ -304,12 +409,16 @@ class _RestApp:
             log.exception("REST %s %s failed", method, path)
             return 500, _error(f"{type(e).__name__}: {e}")
         finally:
+            elapsed = time.perf_counter() - started
+            if not inline:
+                self.job_times.observe(elapsed)
             if self.metrics is not None and "model_name" in seen:
                 self.metrics.record_request(seen["model_name"], code.name, seen["api"], "REST",
-                                            1e6 * (time.perf_counter() - started))
+                                            1e6 * elapsed)
 
     def _route(self, method: str, path: str, body: bytes, seen: Dict[str, str],
-               inline: bool = False) -> bytes:
+               inline: bool = False, deadline: Optional[float] = None,
+               is_active: Optional[Callable[[], bool]] = None) -> bytes:
         if method == "POST":
             match = _PREDICT.match(path)
             if match:
@@ -319,7 +428,7 @@ class _RestApp:
                 if verb.lower() != "predict":
                     raise ServingError(grpc.StatusCode.UNIMPLEMENTED,
                                        f"{verb} is not supported by this server")
-                return self._predict(spec, body, inline)
+                return self._predict(spec, body, inline, deadline, is_active)
         else:
             match = _STATUS.match(path)
             if match:
@@ -350,16 +459,22 @@ class _RestApp:
         return {"model_spec": json_format.MessageToDict(response.model_spec, **options),
                 "metadata": {SIGNATURE_DEF: json_format.MessageToDict(signature_map, **options)}}
 
-    def _predict(self, spec: model_pb2.ModelSpec, body: bytes, inline: bool = False) -> bytes:
+    def _predict(self, spec: model_pb2.ModelSpec, body: bytes, inline: bool = False,
+                 deadline: Optional[float] = None,
+                 is_active: Optional[Callable[[], bool]] = None) -> bytes:
         rest_json.check_json_start(body)
+        # Too late already (it waited for a thread): 504 before parsing anything.
+        self.predictor.work.check_deadline(deadline, "the REST request (--rest-timeout-ms)")
         # Parsing makes Python objects many times the body's size: that
         # memory is reserved from the decode budget first.
         with self.predictor.budget.reserve(len(body) * JSON_BYTES_PER_BODY_BYTE,
                                            f"a JSON body of {len(body)} bytes"):
-            return self._predict_json(spec, rest_json.parse_json(body), inline)
+            return self._predict_json(spec, rest_json.parse_json(body), inline, deadline,
+                                      is_active)
 
     def _predict_json(self, spec: model_pb2.ModelSpec, doc: Dict[str, Any],
-                      inline: bool = False) -> bytes:
+                      inline: bool = False, deadline: Optional[float] = None,
+                      is_active: Optional[Callable[[], bool]] = None) -> bytes:
         max_images = self.predictor.max_images
         signature_name = doc.get("signature_name", "")
         if not isinstance(signature_name, str):
@@ -379,7 +494,8 @@ class _RestApp:
             inputs = rest_json.inputs_from_columns(doc["inputs"], signature.inputs, max_images)
         else:
             raise invalid_argument("Missing 'inputs' or 'instances' key")
-        outputs = self.predictor.run(servable, signature, inputs, inline=inline)
+        outputs = self.predictor.run(servable, signature, inputs, deadline, inline=inline,
+                                     is_active=is_active)
         outputs = {alias: outputs[alias] for alias in output_aliases(signature, ())}
         return rest_json.encode_outputs(outputs, row_format="instances" in doc)
 

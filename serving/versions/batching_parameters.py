@@ -6,7 +6,7 @@ the `--batching_parameters_file` text format is read with a small parser:
     max_batch_size { value: 32 }
     batch_timeout_micros { value: 2000 }
     num_batch_threads { value: 2 }
-    max_enqueued_batches { value: 100 }
+    max_enqueued_batches { value: 10 }
     allowed_batch_sizes: 8
     allowed_batch_sizes: 32
 """
@@ -30,7 +30,9 @@ class BatchingParameters:
       num_batch_threads: batches that may run at the same time, per
         (model, version, signature).
       max_enqueued_batches: queue bound, in batches; beyond it requests fail
-        fast with UNAVAILABLE instead of queueing without limit.
+        fast with UNAVAILABLE instead of queueing without limit. 10, as TF
+        Serving's batch scheduler (`BasicBatchScheduler`): at 100, the queue
+        held about 10 s of work at the load benchmark's capacity (issue #43).
       allowed_batch_sizes: when set, a batch is padded (repeating its last
         row) up to the next allowed size, so the model sees few shapes; the
         last entry must equal `max_batch_size`.
@@ -38,7 +40,7 @@ class BatchingParameters:
     max_batch_size: int = 32
     batch_timeout_micros: int = 2000
     num_batch_threads: int = max(2, os.cpu_count() or 2)
-    max_enqueued_batches: int = 100
+    max_enqueued_batches: int = 10
     allowed_batch_sizes: Tuple[int, ...] = ()
 
     def __post_init__(self):

@@ -183,12 +183,24 @@ class Servable:
             cost += image_cost(image_pixels, len(value))
         return len(flat), pixels, cost
 
-    def run(self, signature: Signature, inputs: Arrays) -> Arrays:
-        """Runs a signature on checked inputs (batched when batching is on)."""
+    def run(self, signature: Signature, inputs: Arrays, deadline: Optional[float] = None,
+            is_active: Optional[Callable[[], bool]] = None) -> Arrays:
+        """Runs a signature on checked inputs (batched when batching is on).
+
+        Args:
+          signature: the signature.
+          inputs: alias -> checked array.
+          deadline: `time.monotonic()` time by which the answer is due: with
+            batching, a request expected to be answered later is refused at
+            once (RESOURCE_EXHAUSTED), one whose deadline passes while it waits
+            for its batch is dropped (DEADLINE_EXCEEDED); None: none.
+          is_active: returns False once the client is gone (its queued
+            request is dropped, CANCELLED); None: never.
+        """
         if self.batching is not None:
             batcher = self._batcher(signature)
             if batcher is not None:
-                return batcher.submit(inputs)
+                return batcher.submit(inputs, deadline, is_active)
         return self.call(signature, inputs)
 
     def call(self, signature: Signature, inputs: Arrays) -> Arrays:

@@ -1,6 +1,7 @@
 """Dynamic batching: the scheduler's semantics, and the server with batching on vs off."""
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -147,3 +148,118 @@ def test_server_batching_on_and_off_give_the_same_captions(make_base, start_serv
     assert [r["caption"] for r in on[:3]] == [expected_caption(c) for c in (RED, BLUE, GREEN)]
     sizes = batched.manager.get("captioner").batch_sizes()["serving_default"]
     assert max(sizes) > 1, sizes  # requests really were merged
+
+
+# Load shedding (issue #43): the queue held 100 batches (10 s of work at the
+# benchmark's capacity), so under overload every request waited past its
+# deadline and was answered too late. Deadlines here are on a fake clock: the
+# tests depend on what the scheduler decides, not on how fast the host is.
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Gated(Recorder):
+    """A Recorder whose runs wait for `release` (the first batch holds the only thread)."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, inputs):
+        self.entered.set()
+        assert self.release.wait(60)
+        return super().__call__(inputs)
+
+
+def wait_until(condition, what: str) -> None:
+    """Waits for another thread to reach a state (a synchronisation, not a time limit)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def _one_row():
+    return {"x": np.ones((1, 2), np.float32)}
+
+
+def _start(scheduler, results, **kwargs) -> threading.Thread:
+    def submit():
+        try:
+            results.append(scheduler.submit(_one_row(), **kwargs))
+        except ServingError as e:
+            results.append(e)
+    thread = threading.Thread(target=submit)
+    thread.start()
+    return thread
+
+
+def test_a_request_answered_after_its_deadline_is_refused_at_once():
+    clock = FakeClock()
+    run = Gated()
+    scheduler = BatchScheduler(run, BatchingParameters(
+        max_batch_size=2, batch_timeout_micros=0, num_batch_threads=1), clock=clock)
+    scheduler.times.observe(10.0)  # a batch is measured to take 10 s
+    with pytest.raises(ServingError) as info:  # idle: answered in one batch, 10 s
+        scheduler.submit(_one_row(), deadline=clock() + 5)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "server busy" in info.value.message and "10000 ms a batch" in info.value.message
+    first, queued = [], []
+    threads = [_start(scheduler, first)]  # runs, holding the only batch thread
+    assert run.entered.wait(60)
+    threads.append(_start(scheduler, queued))  # waits for the next batch
+    wait_until(lambda: scheduler.queued_rows == 1, "a queued row")
+    # One batch running and one queued: a new row joins the queued batch,
+    # answered after two batches (20 s).
+    with pytest.raises(ServingError) as info:
+        scheduler.submit(_one_row(), deadline=clock() + 15)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    threads.append(_start(scheduler, queued, deadline=clock() + 25))
+    wait_until(lambda: scheduler.queued_rows == 2, "the admitted row queued")
+    run.release.set()
+    for thread in threads:
+        thread.join()
+    scheduler.close()
+    assert run.batches == [1, 2]  # the refused requests never ran
+    assert all(not isinstance(r, Exception) for r in first + queued)
+    assert scheduler.refused["busy"] == 2
+
+
+@pytest.mark.parametrize("why", ["deadline", "cancelled"])
+def test_a_queued_request_whose_deadline_passed_or_client_left_is_dropped_unrun(why):
+    clock = FakeClock()
+    run = Gated()
+    scheduler = BatchScheduler(run, BatchingParameters(
+        max_batch_size=4, batch_timeout_micros=0, num_batch_threads=1), clock=clock)
+    first, late, kept = [], [], []
+    client = {"active": True}
+    threads = [_start(scheduler, first)]
+    assert run.entered.wait(60)
+    if why == "deadline":
+        threads.append(_start(scheduler, late, deadline=clock() + 5))
+    else:
+        threads.append(_start(scheduler, late, is_active=lambda: client["active"]))
+    wait_until(lambda: scheduler.queued_rows == 1, "the request queued")
+    threads.append(_start(scheduler, kept, deadline=clock() + 50,
+                          is_active=lambda: True))
+    wait_until(lambda: scheduler.queued_rows == 2, "the second request queued")
+    clock.now += 10  # the first's deadline passes while it waits
+    client["active"] = False  # or its client goes away
+    run.release.set()
+    for thread in threads:
+        thread.join()
+    scheduler.close()
+    (error,) = late
+    expected = (grpc.StatusCode.DEADLINE_EXCEEDED if why == "deadline"
+                else grpc.StatusCode.CANCELLED)
+    assert isinstance(error, ServingError) and error.code == expected
+    assert "not run" in error.message
+    assert run.batches == [1, 1]  # the first request, then only the one kept
+    assert kept[0]["y"].tolist() == [[2.0, 2.0]]
+    assert scheduler.refused[why] == 1

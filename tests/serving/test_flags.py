@@ -104,14 +104,16 @@ def test_tf_serving_flag_meanings():
                               "--enable_model_warmup=false", "--enable_batching",
                               "--file_system_poll_wait_seconds=3", "--grpc_max_threads=7",
                               "--allow_version_labels_for_unavailable_models=true",
-                              "--rest_api_num_threads=5"])
+                              "--rest_api_num_threads=5", "--rest_api_timeout_in_ms=2500"])
     assert args.rest_port == -1  # TF Serving: 0 turns REST off
     assert args.warmup is False and args.enable_batching is True
     assert args.poll_seconds == 3 and args.max_threads == 7 and args.allow_version_labels_for_unavailable_models is True
     assert args.rest_threads == 5
+    assert args.rest_timeout_ms == 2500  # REST requests' deadline (refused if expected later)
     assert args.config_poll_seconds == 0  # unset: the config file is read once
     defaults = parser.parse_args(["--model-base-path", "/m"])
     assert defaults.warmup is True and defaults.enable_batching is False
+    assert defaults.rest_timeout_ms == 30_000  # TF Serving's default
     assert parser.parse_args(["--model_base_path=/m", "--rest-port=0"]).rest_port == 0
 
 
