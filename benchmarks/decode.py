@@ -81,10 +81,10 @@ def main(argv=None):
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(args.precision)
     try:
-        model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
-                               hidden_dim=s["hidden"], attention_dim=s["attention"],
-                               attention=args.attention, attention_score=args.attention_score,
-                               seed=0)
+        model = ShowAttendTell(s["vocab"], {
+            "embedding_dim": s["embedding"], "hidden_dim": s["hidden"],
+            "attention_dim": s["attention"], "attention": args.attention,
+            "attention_score": args.attention_score}, seed=0)
         model.build((None, s["regions"], s["dim"]))
     finally:
         keras.mixed_precision.set_global_policy(previous)

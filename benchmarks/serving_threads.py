@@ -70,8 +70,8 @@ def _export(name: str, folder: str, args) -> tuple[str, float]:
     _, h, w, d = encoder.output_shape
     vocabulary = ["<pad>", "<start>", "<end>", "<unk>"] + [f"w{i}" for i in range(56)]
     # The demo's decoder sizes (pipeline/configs/demo.py).
-    decoder = ShowAttendTell(vocab_size=len(vocabulary), embedding_dim=64, hidden_dim=256,
-                             attention_dim=128, seed=0)
+    decoder = ShowAttendTell(len(vocabulary), {"embedding_dim": 64, "hidden_dim": 256,
+                                               "attention_dim": 128}, seed=0)
     decoder.build((None, h * w, d))
     path = os.path.join(folder, name, "1")
     export_saved_model(path, encoder, decoder, vocabulary,

@@ -63,10 +63,11 @@ def make_step(args):
         return (our_step(sizes, jit=False, attention=args.attention, score=args.attention_score),
                 make_data(sizes))
     s = DEMO
-    model = ShowAttendTell(vocab_size=s["vocab"], embedding_dim=s["embedding"],
-                           hidden_dim=s["hidden"], attention_dim=s["attention"],
-                           attention=args.attention, attention_score=args.attention_score,
-                           dropout=0.1, doubly_stochastic_lambda=0.01, entropy_lambda=0.0)
+    model = ShowAttendTell(s["vocab"], {
+        "embedding_dim": s["embedding"], "hidden_dim": s["hidden"],
+        "attention_dim": s["attention"], "attention": args.attention,
+        "attention_score": args.attention_score, "dropout": 0.1,
+        "doubly_stochastic_lambda": 0.01, "entropy_lambda": 0.0})
     model.build((None, s["regions"], s["dim"]))
     rng = np.random.default_rng(0)
     b, t = args.batch, s["length"]

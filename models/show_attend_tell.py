@@ -51,9 +51,7 @@ class ShowAttendTell(keras.Model):
 
     Args:
       vocab_size: number of tokens, reserved ones included (`models.text`).
-      options: a `DecoderOptions` (or a dict of its fields); its fields may
-        also come as keyword arguments (as in the configs of saved models),
-        which override the options'.
+      options: a `DecoderOptions` (or a dict of its fields); None: the defaults.
       seed: optional int; seeds the samplers, the dropout and the coin flips.
 
     Call args:
@@ -75,26 +73,15 @@ class ShowAttendTell(keras.Model):
 
     def __init__(self, vocab_size: int, options: DecoderOptions | dict | None = None,
                  seed: int | None = None, **kwargs):
-        fields = {name: kwargs.pop(name) for name in list(kwargs) if name in FIELDS}
+        # `kwargs` are Keras's (name, dtype, trainable) and go to the base class only.
         if isinstance(options, dict):
             options = DecoderOptions.from_mapping(options)
-        if options is None:
-            options = DecoderOptions(**fields)
-        elif fields:
-            options = dataclasses.replace(options, **fields)
         super().__init__(**kwargs)
         self.vocab_size = int(vocab_size)
-        self.options = options
+        self.options = options or DecoderOptions()
         self.seed = seed
         self._annotation_dim = None
         self._regions = None
-
-    def __getattr__(self, name):
-        # The options' fields read as the model's attributes (`model.attention`).
-        options = self.__dict__.get("options")
-        if options is not None and name in FIELDS:
-            return getattr(options, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def located(self) -> bool:
@@ -473,7 +460,14 @@ class ShowAttendTell(keras.Model):
         return twin
 
     def get_config(self):
+        # The options' fields sit flat in the config, as in every saved model.
         config = super().get_config()
         config.update({"vocab_size": self.vocab_size, "seed": self.seed,
                        **dataclasses.asdict(self.options)})
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        options = {name: config.pop(name) for name in list(config) if name in FIELDS}
+        return cls(options=DecoderOptions.from_mapping(options), **config)

@@ -68,13 +68,13 @@ def _write_summaries(writer, step: int, out: dict, *, model, optimizer, timing) 
     """The `train/*` scalars of one step."""
     summaries.write_step_summaries(
         writer, step, out, optimizer,
-        hard=model.attention in ("hard", "glimpse"), located=model.located,
+        hard=model.options.samples, located=model.located,
         throughput=timing.throughput(), wait_fraction=timing.wait_fraction())
 
 
 def warmup_steps(model) -> int:
     """Hard attention's expected-alpha warmup trains a soft model: its steps (else 0)."""
-    return model.expected_alpha_warmup if model.attention == "hard" else 0
+    return model.options.expected_alpha_warmup if model.options.hard else 0
 
 
 def token_normalizer(tcfg, data) -> tuple[float | None, str]:

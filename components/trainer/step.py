@@ -122,7 +122,7 @@ def _make_replica_step(strategy, model, optimizer, clip_norm: float,
         local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
         global_tokens = ctx.all_reduce(SUM, local_tokens) if replicas > 1 else local_tokens
         grads, out = gradients(batch["annotations"], tokens, global_tokens)
-        if model.attention in ("hard", "glimpse"):
+        if model.options.samples:
             # Mean-aggregated variables: every replica ends with the mean update.
             model.update_baseline(out["reward"], skip=out["used_expected_alpha"] > 0.5)
         out["grad_norm"], out["loss_scale"] = apply(grads)

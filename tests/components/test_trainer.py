@@ -331,7 +331,7 @@ def test_soft_and_hard_attention_drive_the_loss_down(source, tmp_path, attention
     assert model_config["vocab_size"] == 18 and model_config["model"]["attention"] == attention
     model = keras.saving.load_model(os.path.join(out, "model.keras"))
     assert checkpointing.weights_digest(model) == props["weights_digest"]
-    assert model.expected_alpha_warmup == warmup  # epochs x steps per epoch
+    assert model.options.expected_alpha_warmup == warmup  # epochs x steps per epoch
     assert tf.train.latest_checkpoint(os.path.join(out, "checkpoints")).endswith(
         f"ckpt-{4 * epochs}")
     events = _events(os.path.join(out, "logs"))

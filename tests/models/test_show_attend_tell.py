@@ -8,6 +8,7 @@ import tensorflow as tf
 from keras import ops
 
 from models import losses
+from models.decoder_options import DecoderOptions
 from models.decoding import greedy_decode
 from models.show_attend_tell import ShowAttendTell
 from pipeline.config import ModelConfig
@@ -35,8 +36,8 @@ def test_takes_the_model_config_fields_and_round_trips_its_config():
     # The config counts the warmup in epochs, the model in minibatches (the
     # trainer multiplies by its steps per epoch; here 3).
     warmup_steps = int(fields.pop("expected_alpha_warmup_epochs") * 3)
-    model = ShowAttendTell(vocab_size=VOCAB, seed=5, expected_alpha_warmup=warmup_steps,
-                           **fields)
+    model = ShowAttendTell(VOCAB, DecoderOptions(expected_alpha_warmup=warmup_steps, **fields),
+                           seed=5)
     config = model.get_config()
     for key, value in fields.items():
         assert config[key] == value
@@ -46,7 +47,9 @@ def test_takes_the_model_config_fields_and_round_trips_its_config():
     revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
     assert isinstance(revived, ShowAttendTell) and revived.get_config() == config
     with pytest.raises(ValueError, match="attention"):
-        ShowAttendTell(vocab_size=VOCAB, attention="sparse")
+        ShowAttendTell(VOCAB, {"attention": "sparse"})
+    with pytest.raises(ValueError, match="Unrecognized keyword"):  # options are not keywords
+        ShowAttendTell(VOCAB, attention="hard")
 
 
 @pytest.mark.parametrize("attention,use_gate", [("soft", True), ("soft", False), ("hard", True)])
@@ -84,8 +87,8 @@ def test_forget_gate_bias_starts_at_one():
 
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 def test_symbolic_and_eager_calls(attention):
-    model = ShowAttendTell(vocab_size=VOCAB, embedding_dim=EMBED, hidden_dim=HIDDEN,
-                           attention_dim=UNITS, attention=attention)
+    model = ShowAttendTell(VOCAB, DecoderOptions(embedding_dim=EMBED, hidden_dim=HIDDEN,
+                                                 attention_dim=UNITS, attention=attention))
     out = model({"annotations": keras.Input((REGIONS, DIM)),
                  "tokens": keras.Input((None,), dtype="int32")})
     assert tuple(out["logits"].shape) == (None, None, VOCAB)
@@ -239,7 +242,7 @@ def test_hard_expected_alpha_warmup_then_samples():
     assert float(model.hard_training_steps.numpy()) == 4.0
     # Warmup minibatches do not move the baseline (they do not sample).
     assert float(model.baseline_updates.numpy()) == 2.0
-    assert ShowAttendTell.from_config(model.get_config()).expected_alpha_warmup == 2
+    assert ShowAttendTell.from_config(model.get_config()).options.expected_alpha_warmup == 2
 
 
 @pytest.mark.parametrize("attention,expected_alpha_prob", [("soft", 0.5), ("hard", 0.0),
@@ -397,7 +400,7 @@ def test_hard_expected_baseline_is_each_words_counterfactual():
     np.testing.assert_allclose(terms["reinforce_term"], want, rtol=1e-4, atol=1e-6)
     # The moving average is not used, and not moved.
     assert float(model.baseline_updates.numpy()) == 0.0
-    assert ShowAttendTell.from_config(model.get_config()).reinforce_baseline == "expected"
+    assert ShowAttendTell.from_config(model.get_config()).options.reinforce_baseline == "expected"
     with pytest.raises(ValueError, match="token"):
         make_model("hard", reinforce_baseline="expected", reinforce_credit="sequence")
     with pytest.raises(ValueError, match="reinforce_baseline"):

@@ -34,12 +34,12 @@ def hidden(seed=1, batch=BATCH):
     return np.random.default_rng(seed).normal(size=(batch, HIDDEN)).astype("float32")
 
 
-def make_model(attention="soft", seed=0, **kwargs):
+def make_model(attention="soft", seed=0, vocab_size=VOCAB, **kwargs):
     """A built tiny `ShowAttendTell` with deterministic weights."""
     keras.utils.set_random_seed(seed)
-    config = dict(vocab_size=VOCAB, embedding_dim=EMBED, hidden_dim=HIDDEN,
-                  attention_dim=UNITS, attention=attention, seed=seed)
-    config.update(kwargs)
-    model = ShowAttendTell(**config)
+    options = dict(embedding_dim=EMBED, hidden_dim=HIDDEN, attention_dim=UNITS,
+                   attention=attention)
+    options.update(kwargs)
+    model = ShowAttendTell(vocab_size, options, seed=seed)
     model.build((None, REGIONS, DIM))
     return model
