@@ -21,7 +21,9 @@ import shutil
 from dataclasses import dataclass
 from typing import Mapping
 
-STRATEGIES = ("default", "mirrored", "multi_worker")
+from components.contract.config.values import CHOICES
+
+STRATEGIES = CHOICES["train.strategy"]
 
 
 class StrategyError(RuntimeError):

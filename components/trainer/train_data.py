@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from components.contract import schema
+from components.contract.config.values import CHOICES
 from models.text import PAD_ID
 
 # Batches of one length-sorted window (bucket_by_length), per replica.
@@ -35,7 +36,7 @@ BUCKET_WINDOW_BATCHES = 8
 # What a cached parsed record holds beyond its float16 grid: every caption's
 # tokens and lengths, the tensors' own headers (measured: ~1-2 KB).
 CACHE_RECORD_OVERHEAD_BYTES = 2048
-CACHE_SETTINGS = ("auto", "true", "false")
+CACHE_SETTINGS = CHOICES["train.cache"]
 
 
 def cache_plan(setting, num_records: int, grid_shape: Sequence[int],
