@@ -9,7 +9,8 @@ descriptor and a request body for every abandoned REST request.
 
 So every place where a request waits estimates, from measured run times,
 when it would be answered, and refuses it at once (RESOURCE_EXHAUSTED,
-HTTP 429: retry later, elsewhere) when that is after its deadline:
+HTTP 429: retry later, elsewhere) unless that is within `DEADLINE_SHARE`
+of the time left before its deadline:
 
 - the batch queue (`serving/versions/batch_scheduler.py`): the batches ahead
   of the request over the batch threads, times the mean batch run time;
@@ -29,6 +30,19 @@ from __future__ import annotations
 import math
 import threading
 from typing import Optional
+
+# A request is admitted while its expected answer time is at most this share
+# of the time left before its deadline. The estimate is a mean: the rest is
+# for the spread around it (a slower batch, threads waiting for the GIL, the
+# client's own time to send and read), so that admitted requests are
+# answered in time rather than just after.
+DEADLINE_SHARE = 0.5
+
+
+def fits(expected: Optional[float], left: float) -> bool:
+    """Whether an answer expected in `expected` seconds (None: unknown) may be
+    promised to a request with `left` seconds before its deadline."""
+    return expected is None or expected <= DEADLINE_SHARE * left
 
 
 class RunTimes:

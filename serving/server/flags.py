@@ -197,6 +197,9 @@ def _add_batching_flags(bat) -> None:
     bat.add_argument("--max-batch-size", type=int)
     bat.add_argument("--batch-timeout-micros", type=int)
     bat.add_argument("--num-batch-threads", type=int)
+    bat.add_argument("--max-enqueued-batches", type=int,
+                     help="batches of requests that may wait (default 10, as TF Serving); "
+                          "beyond: UNAVAILABLE. Fewer keep the latency under overload low")
 
 
 def batching_from_args(args) -> Optional[BatchingParameters]:
@@ -207,7 +210,8 @@ def batching_from_args(args) -> Optional[BatchingParameters]:
             if args.batching_parameters_file else BatchingParameters())
     overrides = {k: v for k, v in (("max_batch_size", args.max_batch_size),
                                    ("batch_timeout_micros", args.batch_timeout_micros),
-                                   ("num_batch_threads", args.num_batch_threads))
+                                   ("num_batch_threads", args.num_batch_threads),
+                                   ("max_enqueued_batches", args.max_enqueued_batches))
                  if v is not None}
     if overrides:
         if "max_batch_size" in overrides and base.allowed_batch_sizes:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -206,6 +208,51 @@ class Predictor:
         The run's wall time after admission (batch queueing included) goes
         to the runtime latency metric.
         """
+        work, cost, what = self._checked(servable, signature, inputs, inline)
+        with self.work.admit(work, deadline, what):
+            started = time.perf_counter()
+            with self.budget.reserve(cost.bytes, what):
+                outputs = servable.run(signature, inputs, deadline, is_active)
+        if self.metrics is not None:
+            self.metrics.record_runtime(servable.name, "Predict",
+                                        1e6 * (time.perf_counter() - started))
+        return outputs
+
+    def run_async(self, servable: Servable, signature: Signature, inputs: Arrays,
+                  deadline: Optional[float] = None,
+                  is_active: Optional[Callable[[], bool]] = None) -> Future:
+        """As `run`, but returns once the request is queued for its batch, with a Future
+        of its outputs, so the caller's thread is not held while it waits (REST).
+
+        Checks, decode-work admission (which may wait, up to `deadline`) and
+        refusals happen here and raise here; the admission and the memory
+        reservation are held until the Future is done. Unbatched, the run
+        happens here and the Future is done on return. Never cancel the Future.
+        """
+        work, cost, what = self._checked(servable, signature, inputs)
+        held = ExitStack()
+        try:
+            held.enter_context(self.work.admit(work, deadline, what))
+            started = time.perf_counter()
+            held.enter_context(self.budget.reserve(cost.bytes, what))
+            future = servable.submit(signature, inputs, deadline, is_active)
+        except BaseException:
+            held.close()
+            raise
+
+        def done(future: Future) -> None:
+            held.close()
+            if self.metrics is not None and not future.cancelled() \
+                    and future.exception() is None:
+                self.metrics.record_runtime(servable.name, "Predict",
+                                            1e6 * (time.perf_counter() - started))
+
+        future.add_done_callback(done)
+        return future
+
+    def _checked(self, servable: Servable, signature: Signature, inputs: Arrays,
+                 inline: bool = False):
+        """`run`'s checks: (decode work, InputCost, the request in words)."""
         check_counts({alias: (array.shape, array.dtype == object)
                       for alias, array in inputs.items()}, self.max_images)
         check_finite(inputs)
@@ -225,14 +272,7 @@ class Predictor:
         if inline and not self.may_run_inline(servable, work):
             raise RunElsewhere()
         what = f"a request of {cost.images} images" if cost.images else "a request"
-        with self.work.admit(work, deadline, what):
-            started = time.perf_counter()
-            with self.budget.reserve(cost.bytes, what):
-                outputs = servable.run(signature, inputs, deadline, is_active)
-        if self.metrics is not None:
-            self.metrics.record_runtime(servable.name, "Predict",
-                                        1e6 * (time.perf_counter() - started))
-        return outputs
+        return work, cost, what
 
     def may_run_inline(self, servable: Servable, work: int) -> bool:
         """Whether a request of `work` decode work may run on an event loop's thread.

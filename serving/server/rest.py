@@ -21,7 +21,11 @@ framing by h11 through uvicorn, head limits) and `serving/server/rest_json.py`
 chunked bodies (411). Every error, framing errors included, is answered in
 JSON. Requests run on a pool of `num_threads` threads (the model calls
 block), which also encode the answers; the event loop only parses and
-writes. One exception, the fast path: a small predict request on the only
+writes. A batched predict request does not hold its thread while it waits
+for its batch: the thread parses it and queues it (`Predictor.run_async`),
+the event loop awaits the batch, and a thread encodes the answer; so REST
+requests waiting for batches are bounded by the batch queue, not by the
+threads. One exception, the fast path: a small predict request on the only
 open connection, with nothing else in flight, runs on the event loop
 itself when its decode work is small and it is not batched
 (`Predictor.may_run_inline`), which saves two thread hand-offs (pool and
@@ -32,7 +36,8 @@ Overload (issue #43, `serving/limits/load_shedding.py`): a request's
 deadline is its arrival plus `timeout_ms` (TF Serving's
 `--rest_api_timeout_in_ms`). One that would wait for a pool thread past it
 (the requests waiting over the threads, times the mean time a request
-holds a thread) is refused at once, 429; one still waiting when it passes
+holds a thread, more than `DEADLINE_SHARE` of the time left) is refused at
+once, 429; one still waiting when it passes
 is answered 504 without running; a batched one expected to be answered
 after it is refused by the batch queue (429). A request whose connection is
 lost while it waits (reset, transport error) is dropped from the batch
@@ -64,7 +69,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from serving.errors import ServingError, invalid_argument
 from serving.limits.admission import JSON_BYTES_PER_BODY_BYTE
-from serving.limits.load_shedding import RunTimes, expected_seconds
+from serving.limits.load_shedding import DEADLINE_SHARE, RunTimes, expected_seconds, fits
 from serving.limits.work_admission import mark_pool
 from serving.server import rest_json
 from serving.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -94,6 +99,19 @@ _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 # Largest body a request on the fast path (run on the event loop) may have:
 # parsing it there must be quick.
 INLINE_MAX_BODY = 256 * 1024
+
+
+class _Pending:
+    """A predict request queued for its batch: `_RestApp._handle`'s answer before it is
+    known. `encode(outputs)` makes the JSON body; metrics are recorded once done."""
+
+    __slots__ = ("future", "encode", "seen", "started")
+
+    def __init__(self, future, encode: Callable[[Dict[str, Any]], bytes]):
+        self.future = future  # a concurrent.futures.Future of the outputs; never cancelled
+        self.encode = encode
+        self.seen: Dict[str, str] = {}
+        self.started = 0.0
 
 
 @dataclass(frozen=True)
@@ -309,40 +327,55 @@ class _RestApp:
         mean = self.job_times.mean
         expected = expected_seconds(ahead, self.threads, mean)
         left = deadline - time.monotonic()
-        if expected is None or expected <= left:
+        if fits(expected, left):
             return None
         self.refused["busy"] += 1
         return 429, _error(
             f"server busy: {ahead - self.threads + 1} requests wait for one of the "
             f"{self.threads} REST threads ({1e3 * mean:.0f} ms each): the answer would come in "
-            f"about {1e3 * expected:.0f} ms, after the {1e3 * max(left, 0):.0f} ms left of the "
-            f"request's timeout (--rest-timeout-ms); retry later")
+            f"about {1e3 * expected:.0f} ms, more than {DEADLINE_SHARE:.0%} of the "
+            f"{1e3 * max(left, 0):.0f} ms left of the request's timeout (--rest-timeout-ms); "
+            f"retry later")
 
     async def _on_pool(self, method: str, path: str, body: bytes, deadline: Optional[float],
                        receive) -> Optional[Tuple[int, bytes]]:
         """The request handled on the pool; None when its connection is lost first (its
         batched run, if queued, is then dropped unrun)."""
         gone = threading.Event()
-        job = asyncio.get_running_loop().run_in_executor(
-            self.executor, self._handle, method, path, body, False, deadline,
-            lambda: not gone.is_set())
-        self.pool_jobs += 1
-        job.add_done_callback(self._job_done)
+        answer = await self._until_lost(self._pool(
+            self._handle, method, path, body, False, deadline, lambda: not gone.is_set()),
+            receive, gone)
+        if isinstance(answer, _Pending):  # queued for its batch: wait without a thread
+            answer = await self._until_lost(asyncio.wrap_future(answer.future), receive, gone,
+                                            then=answer)
+            if answer is not None:
+                answer = await self._pool(self._complete, answer)
+        return answer
+
+    async def _until_lost(self, job, receive, gone: threading.Event, then=None):
+        """`then` (or `job`'s result) once `job` is done; None when the connection is lost
+        first (`gone` is set: the request, if queued, is dropped; `job` is left to end)."""
         while True:
             watcher = asyncio.ensure_future(receive())  # returns once the connection is lost
             done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if job in done:
                 watcher.cancel()
-                return job.result()
+                return then if then is not None else job.result()
             if watcher.result().get("type") == "http.disconnect":
                 gone.set()
                 self.disconnects += 1
+                job.add_done_callback(_retrieve)  # its answer is dropped quietly
                 return None
+
+    def _pool(self, fn, *args):
+        """`fn(*args)` on the pool, counted in `pool_jobs` while it waits or runs."""
+        job = asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self.pool_jobs += 1
+        job.add_done_callback(self._job_done)
+        return job
 
     def _job_done(self, job) -> None:
         self.pool_jobs -= 1
-        if not job.cancelled():
-            job.exception()  # retrieved: an answer nobody waits for is dropped quietly
 
     async def _read_body(self, headers, method: str, receive) -> bytes:
         lengths = [value for name, value in headers if name == b"content-length"]
@@ -380,14 +413,35 @@ class _RestApp:
 
     # -- on the thread pool ----------------------------------------------------
 
+    def _complete(self, pending: _Pending) -> Tuple[int, bytes]:
+        """(HTTP status, JSON body) of a request whose batch is done; counts it."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            return 200, pending.encode(pending.future.result())
+        except ServingError as e:
+            code = e.code
+            return e.http_status, _error(e.message)
+        except Exception as e:  # a bad request never takes the server down
+            code = grpc.StatusCode.INTERNAL
+            log.exception("REST predict failed")
+            return 500, _error(f"{type(e).__name__}: {e}")
+        finally:
+            self.job_times.observe(time.perf_counter() - started)
+            if self.metrics is not None and "model_name" in pending.seen:
+                self.metrics.record_request(
+                    pending.seen["model_name"], code.name, pending.seen["api"], "REST",
+                    1e6 * (time.perf_counter() - pending.started))
+
     def _handle(self, method: str, path: str, body: bytes, inline: bool = False,
                 deadline: Optional[float] = None,
-                is_active: Optional[Callable[[], bool]] = None) -> Optional[Tuple[int, bytes]]:
+                is_active: Optional[Callable[[], bool]] = None):
         """(HTTP status, JSON body) of one request; counts it in the metrics.
 
         With `inline` (on the event loop), None when the request must run on
         the pool instead (`RunElsewhere`): nothing ran and nothing was counted.
-        `deadline` (`time.monotonic()`) and `is_active` go to the predict run.
+        A batched predict request comes back `_Pending` once queued for its
+        batch. `deadline` (`time.monotonic()`) and `is_active` go to the run.
         """
         started = time.perf_counter()
         seen: Dict[str, str] = {}  # model_name and api, once routing knows them
@@ -397,7 +451,12 @@ class _RestApp:
                 return 501, _error(f"Unsupported method ({method!r})")
             if not path.lower().startswith("/v1/"):
                 return 404, _error(f"Not found: {method} {path}")
-            return 200, self._route(method, path, body, seen, inline, deadline, is_active)
+            answer = self._route(method, path, body, seen, inline, deadline, is_active)
+            if isinstance(answer, _Pending):  # counted once done (`_complete`)
+                answer.seen, answer.started = dict(seen), started
+                seen.clear()
+                return answer
+            return 200, answer
         except RunElsewhere:
             seen.clear()
             return None
@@ -418,7 +477,7 @@ class _RestApp:
 
     def _route(self, method: str, path: str, body: bytes, seen: Dict[str, str],
                inline: bool = False, deadline: Optional[float] = None,
-               is_active: Optional[Callable[[], bool]] = None) -> bytes:
+               is_active: Optional[Callable[[], bool]] = None):
         if method == "POST":
             match = _PREDICT.match(path)
             if match:
@@ -461,7 +520,7 @@ class _RestApp:
 
     def _predict(self, spec: model_pb2.ModelSpec, body: bytes, inline: bool = False,
                  deadline: Optional[float] = None,
-                 is_active: Optional[Callable[[], bool]] = None) -> bytes:
+                 is_active: Optional[Callable[[], bool]] = None):
         rest_json.check_json_start(body)
         # Too late already (it waited for a thread): 504 before parsing anything.
         self.predictor.work.check_deadline(deadline, "the REST request (--rest-timeout-ms)")
@@ -474,7 +533,7 @@ class _RestApp:
 
     def _predict_json(self, spec: model_pb2.ModelSpec, doc: Dict[str, Any],
                       inline: bool = False, deadline: Optional[float] = None,
-                      is_active: Optional[Callable[[], bool]] = None) -> bytes:
+                      is_active: Optional[Callable[[], bool]] = None):
         max_images = self.predictor.max_images
         signature_name = doc.get("signature_name", "")
         if not isinstance(signature_name, str):
@@ -494,14 +553,27 @@ class _RestApp:
             inputs = rest_json.inputs_from_columns(doc["inputs"], signature.inputs, max_images)
         else:
             raise invalid_argument("Missing 'inputs' or 'instances' key")
-        outputs = self.predictor.run(servable, signature, inputs, deadline, inline=inline,
-                                     is_active=is_active)
-        outputs = {alias: outputs[alias] for alias in output_aliases(signature, ())}
-        return rest_json.encode_outputs(outputs, row_format="instances" in doc)
+        row_format = "instances" in doc
+
+        def encode(outputs: Dict[str, Any]) -> bytes:
+            outputs = {alias: outputs[alias] for alias in output_aliases(signature, ())}
+            return rest_json.encode_outputs(outputs, row_format=row_format)
+
+        if servable.batching is not None and not inline:  # no thread held while it waits
+            return _Pending(self.predictor.run_async(servable, signature, inputs, deadline,
+                                                     is_active), encode)
+        return encode(self.predictor.run(servable, signature, inputs, deadline, inline=inline,
+                                         is_active=is_active))
 
 
 def _error(message: str) -> bytes:
     return rest_json.encode({"error": message})
+
+
+def _retrieve(future) -> None:
+    """Retrieves a dropped future's error, so that asyncio does not log it."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _model_spec(name: str, version: Optional[str], label: Optional[str]) -> model_pb2.ModelSpec:

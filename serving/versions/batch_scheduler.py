@@ -14,8 +14,9 @@ batch fails with INVALID_ARGUMENT (say one request carries an undecodable
 image), each request is rerun alone, so only the bad one fails.
 
 Load shedding (issue #43): a request with a deadline is queued only while
-its expected answer time fits in it; the rest are refused at once with
-RESOURCE_EXHAUSTED (HTTP 429), instead of waiting to be answered too late.
+its expected answer time fits in it (within `DEADLINE_SHARE` of the time
+left); the rest are refused at once with RESOURCE_EXHAUSTED (HTTP 429),
+instead of waiting to be answered too late.
 The expected time is the batches ahead of it (queued rows over
 `max_batch_size`, plus those running) over `num_batch_threads`, times the
 measured run time of a batch (an exponentially weighted mean,
@@ -41,7 +42,7 @@ import grpc
 import numpy as np
 
 from serving.errors import ServingError, internal, unavailable
-from serving.limits.load_shedding import RunTimes, expected_seconds
+from serving.limits.load_shedding import DEADLINE_SHARE, RunTimes, expected_seconds, fits
 from serving.versions.batching_parameters import BatchingParameters
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,21 @@ class BatchScheduler:
             wait; DEADLINE_EXCEEDED or CANCELLED when dropped from the queue
             (see the module doc); any error of the run.
         """
+        return self.submit_async(inputs, deadline, is_active).result()
+
+    def submit_async(self, inputs: Arrays, deadline: Optional[float] = None,
+                     is_active: Optional[Callable[[], bool]] = None) -> Future:
+        """As `submit`, but returns once `inputs` is queued, with a Future of its outputs.
+
+        Refusals (RESOURCE_EXHAUSTED, UNAVAILABLE) are raised here, at once;
+        the Future carries the run's outputs or its error. A request that
+        cannot be batched (too large, no common dimension 0) or that arrives
+        once the scheduler is closed runs here, unbatched, and its Future is
+        done on return. Never cancel the Future: the scheduler sets it.
+        """
         size = _batch_size(inputs)
         if size is None or size == 0 or size > self.params.max_batch_size:
-            return self._run(inputs)
+            return _done(self._run, inputs)
         key = tuple((name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(inputs.items()))
         with self._cond:
             now = self.clock()
@@ -158,8 +171,8 @@ class BatchScheduler:
                 self._queued_rows += size
                 self._cond.notify_all()
         if task is None:  # closed (version unloading): run unbatched
-            return self._run(inputs)
-        return task.future.result()
+            return _done(self._run, inputs)
+        return task.future
 
     def expected_seconds(self, rows: int) -> Optional[float]:
         """When a request of `rows` rows queued now is expected to be answered (seconds
@@ -182,14 +195,14 @@ class BatchScheduler:
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                "the deadline passed before the request was queued for a batch")
         expected = self.expected_seconds(rows)
-        if expected is not None and expected > left:
+        if not fits(expected, left):
             self.refused["busy"] += 1
             raise ServingError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"server busy: {self.name} would answer in about {1e3 * expected:.0f} ms "
                 f"({self._queued_rows} rows queued, {self._running} batches running, "
-                f"{1e3 * self.times.mean:.0f} ms a batch), after the {1e3 * left:.0f} ms left "
-                f"before the request's deadline; retry later")
+                f"{1e3 * self.times.mean:.0f} ms a batch), more than {DEADLINE_SHARE:.0%} of "
+                f"the {1e3 * left:.0f} ms left before the request's deadline; retry later")
 
     def close(self) -> None:
         """Stops taking requests; queued ones still run, then the threads exit."""
@@ -322,6 +335,16 @@ class BatchScheduler:
                 task.future.set_exception(e)
             except Exception as e:
                 task.future.set_exception(internal(f"request failed: {e}"))
+
+
+def _done(run: Callable[[Arrays], Arrays], inputs: Arrays) -> Future:
+    """A Future done with `run(inputs)`'s outputs, or with its error."""
+    future: Future = Future()
+    try:
+        future.set_result(run(inputs))
+    except Exception as e:
+        future.set_exception(e)
+    return future
 
 
 def _batch_size(inputs: Arrays) -> Optional[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence
 
@@ -197,11 +198,23 @@ class Servable:
           is_active: returns False once the client is gone (its queued
             request is dropped, CANCELLED); None: never.
         """
+        return self.submit(signature, inputs, deadline, is_active).result()
+
+    def submit(self, signature: Signature, inputs: Arrays, deadline: Optional[float] = None,
+               is_active: Optional[Callable[[], bool]] = None) -> Future:
+        """As `run`, but returns once the request is queued for its batch, with a Future
+        of its outputs (`BatchScheduler.submit_async`); unbatched, it runs here and the
+        Future is done on return. Refusals are raised at once."""
         if self.batching is not None:
             batcher = self._batcher(signature)
             if batcher is not None:
-                return batcher.submit(inputs, deadline, is_active)
-        return self.call(signature, inputs)
+                return batcher.submit_async(inputs, deadline, is_active)
+        future: Future = Future()
+        try:
+            future.set_result(self.call(signature, inputs))
+        except Exception as e:
+            future.set_exception(e)
+        return future
 
     def call(self, signature: Signature, inputs: Arrays) -> Arrays:
         """Runs the signature function once, mapping TF errors to their codes."""

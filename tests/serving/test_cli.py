@@ -53,9 +53,11 @@ def test_serve_main_prints_ports_serves_and_stops_on_sigterm(make_base):
 def test_serve_arguments():
     parser = build_parser()
     args = parser.parse_args(["--model-base-path", "/m", "--batching-parameters-file", os.devnull,
-                              "--max-batch-size", "8"])
+                              "--max-batch-size", "8", "--max-enqueued-batches", "3"])
     params = _batching_from_args(args)
-    assert params.max_batch_size == 8
+    assert params.max_batch_size == 8 and params.max_enqueued_batches == 3
+    assert _batching_from_args(parser.parse_args(
+        ["--model-base-path", "/m", "--enable-batching"])).max_enqueued_batches == 10
     assert _batching_from_args(parser.parse_args(["--model-base-path", "/m"])) is None
     from serving.server.model_server import main
     with pytest.raises(SystemExit):

@@ -154,6 +154,32 @@ def _batched_server(make_base, start_server):
     return server, servable, gate
 
 
+def test_a_batched_rest_request_holds_no_thread_while_it_waits(make_base, start_server):
+    # Before: each REST request waiting for its batch held one of the
+    # --rest_api_num_threads threads (8 here), so from 1x capacity REST
+    # requests queued for a thread, and answered after their timeout.
+    server = start_server(make_base({1: "image"}), rest_threads=1, batching=BatchingParameters(
+        max_batch_size=1, batch_timeout_micros=0, num_batch_threads=1))
+    servable = server.manager.get("captioner")
+    gate = Gate(servable.call)
+    servable.call = gate
+    app = server._rest.app
+    app.fast_path = False
+    held, result = in_thread(rest_post, server.rest_port)
+    wait_until(lambda: gate.calls == 1, "the request's batch running")
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=60)
+    try:  # the only REST thread is free: another request is answered meanwhile
+        connection.request("GET", "/v1/models/captioner")
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
+    assert app.pool_jobs == 0  # the held request holds no thread
+    gate.release.set()
+    held.join()
+    status, answer = result[0]
+    assert status == 200 and answer["predictions"][0]["caption"].endswith("image")
+
+
 def test_a_queued_request_whose_rest_connection_is_lost_is_dropped_unrun(
         make_base, start_server):
     server, servable, gate = _batched_server(make_base, start_server)
