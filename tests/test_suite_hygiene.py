@@ -104,7 +104,7 @@ def tautology(test: ast.expr, repo: str = REPO) -> Optional[str]:
         return "asserts a non-empty literal (always true)" if elements else None
     if isinstance(test, ast.Compare):
         left = test.left
-        for op, right in zip(test.ops, test.comparators):
+        for op, right in zip(test.ops, test.comparators, strict=True):
             if isinstance(op, (ast.Eq, ast.Is, ast.LtE, ast.GtE)) and _same(left, right):
                 return "compares a value with itself"
             if isinstance(op, ast.In) and _both_booleans(right):
