@@ -2,8 +2,12 @@
 
 For `encoder.kind = small_cnn` with `encoder.train = true`, the small CNN is
 trained as a multi-label word-presence classifier (which caption words occur
-for an image) until its held-out mean average precision stops improving; its
-conv grid then becomes the annotation layer. For `keras_app` encoders the
+for an image) until its held-out mean average precision stops improving
+(`StopRule`: no gain above `encoder.min_delta` for `encoder.patience`
+epochs); the best epoch's weights are kept and its conv grid becomes the
+annotation layer. `encoder.max_epochs` is a safety bound: a run that reaches
+it while val mAP is still rising says so in its log and in the Encoder's
+`stopped` property. For `keras_app` encoders the
 stage only materializes the model (ImageNet weights, a local file, or none),
 so that Preprocess and the Pusher share one saved encoder.
 
@@ -24,6 +28,7 @@ Encoder's `logs/` at the end.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import shutil
 import sys
@@ -174,7 +179,8 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=_log,
         float32 whatever it is.
       logs_dir: where each epoch's TensorBoard scalars go (None: nowhere).
     Returns:
-      (trained backbone, best val mAP, epochs run, history list).
+      (trained backbone, best val mAP, epochs run, history list, the `StopRule`
+      that ended training).
     """
     import keras
 
@@ -192,7 +198,7 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=_log,
     val_images = val_ds.map(lambda x, y: x)
     writer = summary_writer.file_writer(logs_dir) if logs_dir else None
     try:
-        best, best_weights, epoch, history = _fit_epochs(
+        best, best_weights, epoch, history, rule = _fit_epochs(
             model, backbone, train_ds, (val_images, val_y), config, log, steps_per_epoch, writer)
     finally:
         if writer is not None:
@@ -204,16 +210,81 @@ def train_word_encoder(train_ds, val_ds, val_y: np.ndarray, config, log=_log,
         float_backbone = small_cnn_backbone(config.image_size, config.width, config.grid_size)
         float_backbone.set_weights(backbone.get_weights())
         backbone = float_backbone
-    return backbone, best, epoch, history
+    return backbone, best, epoch, history, rule
+
+
+@dataclasses.dataclass
+class StopRule:
+    """When the EncoderTrainer stops: val mAP's patience, with `max_epochs` as a safety bound.
+
+    An epoch improves when its val mAP beats the best so far by more than
+    `min_delta`; training stops after `patience` epochs in a row without
+    improvement, or at `max_epochs`, whichever comes first. Reaching
+    `max_epochs` while the last epoch still improved means the bound, not the
+    data, ended training: `update` then says so, with the last epoch's gain.
+
+    Attributes:
+      patience: epochs without improvement before stopping (at least 1).
+      min_delta: smallest val mAP gain over the best that counts.
+      max_epochs: the epoch bound.
+      best: the best val mAP so far (-1 before the first epoch).
+      bad: epochs since the last improvement.
+      best_epoch: the epoch of `best` (0 before the first).
+      stopped: why training stopped (`""` while it goes on): `patience` or
+        `max_epochs`.
+      still_rising: whether it stopped at `max_epochs` with the last epoch a
+        new best.
+    """
+    patience: int
+    min_delta: float
+    max_epochs: int
+    best: float = -1.0
+    bad: int = 0
+    best_epoch: int = 0
+    stopped: str = ""
+    still_rising: bool = False
+    _last: float | None = None
+
+    def update(self, epoch: int, value: float) -> tuple[bool, str]:
+        """Records epoch `epoch`'s (1-based) val mAP.
+
+        Returns:
+          (whether it is a new best, the line to log if training stops now, else "").
+        """
+        improved = value > self.best + self.min_delta
+        gain = (f"{value - self._last:+.4f} in the last epoch" if self._last is not None
+                else f"{value:.4f} after its only epoch")
+        self._last = value
+        if improved:
+            self.best, self.bad, self.best_epoch = value, 0, epoch
+        else:
+            self.bad += 1
+        if self.bad >= max(1, self.patience):
+            self.stopped = "patience"
+            return improved, (f"val mAP stopped improving: best {self.best:.4f} at epoch "
+                              f"{self.best_epoch}, no gain above encoder.min_delta="
+                              f"{self.min_delta:g} in the {self.bad} epochs since")
+        if epoch >= self.max_epochs:
+            self.stopped = "max_epochs"
+            if improved:
+                self.still_rising = True
+                return improved, (f"stopped at encoder.max_epochs={self.max_epochs} while val mAP "
+                                  f"was still rising ({gain}); raise encoder.max_epochs")
+            return improved, (f"stopped at encoder.max_epochs={self.max_epochs} before patience "
+                              f"ran out: best val mAP {self.best:.4f} at epoch {self.best_epoch}, "
+                              f"{self.bad} of encoder.patience={self.patience} epochs without a "
+                              "gain since; raise encoder.max_epochs to let patience decide")
+        return improved, ""
 
 
 def _fit_epochs(model, backbone, train_ds, val, config, log, steps_per_epoch, writer):
-    """The epochs of `train_word_encoder`: (best mAP, its backbone weights, epochs, history).
+    """The epochs of `train_word_encoder`: (best mAP, its weights, epochs, history, `StopRule`).
 
     `val` is `(val images dataset, their targets)`.
     """
     val_images, val_y = val
-    best, best_weights, bad, history = -1.0, None, 0, []
+    rule = StopRule(config.patience, config.min_delta, config.max_epochs)
+    best_weights, history = None, []
     epoch = 0
     for epoch in range(1, config.max_epochs + 1):
         start = time.time()
@@ -228,23 +299,20 @@ def _fit_epochs(model, backbone, train_ds, val, config, log, steps_per_epoch, wr
                         "val_map": val_map, "seconds": round(time.time() - start, 1)})
         log(f"epoch {epoch}: loss {history[-1]['loss']:.4f} "
             f"val mAP {val_map:.4f} ({history[-1]['seconds']}s)")
-        improved = val_map > best + config.min_delta
+        improved, stop_line = rule.update(epoch, val_map)
         if improved:
-            best, bad = val_map, 0
             best_weights = [w.copy() for w in backbone.get_weights()]
-        else:
-            bad += 1
         if writer is not None:
             summary_writer.write_scalars(writer, {
                 "encoder/loss": history[-1]["loss"], "encoder/val_map": val_map,
-                "encoder/best_val_map": best,
+                "encoder/best_val_map": rule.best,
                 "encoder/learning_rate": model.optimizer.learning_rate,
                 "encoder/epoch_seconds": history[-1]["seconds"]}, epoch)
             writer.flush()  # one point per epoch: show it now, not at the next timed flush
-        if not improved and bad >= config.patience:
-            log(f"val mAP stopped improving: best {best:.4f}")
+        if stop_line:
+            log(stop_line)
             break
-    return best, best_weights, epoch, history
+    return rule.best, best_weights, epoch, history, rule
 
 
 def train_from_examples(examples_uri: str, config, log=_log,
@@ -289,11 +357,12 @@ def train_from_examples(examples_uri: str, config, log=_log,
               .batch(256).prefetch(2))
     chosen = precision_lib.resolve(config.mixed_precision)
     log(f"precision {chosen.policy} ({chosen.requested}: {chosen.reason})")
-    backbone, val_map, epochs, history = train_word_encoder(
+    backbone, val_map, epochs, history, rule = train_word_encoder(
         train_ds, val_ds, val_y, config, log,
         steps_per_epoch=-(-n_train // config.batch_size), policy=chosen.policy,
         logs_dir=logs_dir)
     properties = {"val_map": val_map, "chance_map": chance, "epochs": epochs,
+                  "stopped": rule.stopped, "still_rising": rule.still_rising,
                   "history": history, "words": words, **chosen.as_properties()}
     counts = {"encoder_train_images": int(n_train), "encoder_val_images": len(val_sets),
               "encoder_words": len(words)}

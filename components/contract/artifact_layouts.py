@@ -68,7 +68,9 @@ ARTIFACT_LAYOUTS = (
           "(`encoder/loss`, `encoder/val_map`, `encoder/best_val_map`, "
           "`encoder/learning_rate`, `encoder/epoch_seconds`)")),
         notes=f"`properties`: `image_size`, `{GRID_SHAPE}` `[H, W, D]`, `val_map` (held-out "
-              "word-presence mean average precision), `epochs`; `mixed_precision`, "
+              "word-presence mean average precision), `epochs`; `stopped`: what ended "
+              "training (`patience`, or `max_epochs`, the bound) and `still_rising`: whether "
+              "the bound did while val mAP was still improving; `mixed_precision`, "
               "`mixed_precision_requested`, `mixed_precision_reason`: the policy the small "
               "CNN trained in and why (the saved model computes in float32)."),
     ArtifactLayout(

@@ -21,6 +21,14 @@ estimated). For COCO's 123,287 images
 (201,405 B per image). On one GPU (estimated): Preprocess ~3 min at 8
 decode cores, Trainer 1-2 min per epoch; or run Preprocess on Dataflow
 (20 x n1-standard-8: ~35 min).
+
+Tuned on: COCO 2014 with the Karpathy split (the paper's settings; not
+reproduced here). The encoder is ImageNet VGG19, not trained; the Trainer
+stops on val BLEU-4 (`train.patience` 3) within `train.epochs` 20 (constant
+learning rate: a bound). For other data: `preprocess.vocab_min_count` 5 and
+`preprocess.max_caption_length` 30 are COCO's, so check them against your
+captions, and set `eval.thresholds` after a first run (docs/configuration.md,
+"Your own data").
 """
 from pipeline.config import (
     DataConfig,

@@ -5,6 +5,12 @@
 About 1 minute for the whole pipeline on 2 CPU cores; the captions are poor
 (the model sees 80 images for a few steps) but every stage runs, the model is
 blessed (thresholds at 0) and pushed, so serving can be exercised.
+
+Tuned on: nothing; its counts are a time budget for the tests (80 synthetic
+32x32 images). `encoder.max_epochs` 2 and `train.epochs` 2 cut training
+short on purpose, and the EncoderTrainer's log says it stopped at the bound
+while val mAP was still rising. Not a starting point for your own data: copy
+`demo` (pipeline/configs/demo.py; docs/configuration.md, "Your own data").
 """
 from pipeline.config import (
     DataConfig,

@@ -12,6 +12,22 @@ def test_named_configs_load(name):
     assert config_lib.from_dict(config_lib.to_dict(config)) == config
 
 
+@pytest.mark.parametrize("name", ["tiny", "demo", "scenes", "coco_paper", "flickr8k"])
+def test_named_configs_say_what_data_they_were_tuned_on(name):
+    import importlib
+    doc = importlib.import_module(f"pipeline.configs.{name}").__doc__
+    assert "Tuned on:" in doc and "Your own data" in doc
+
+
+def test_named_configs_bound_the_encoder_instead_of_tuning_its_epochs():
+    # Every config that trains the encoder for quality stops it on val mAP;
+    # max_epochs is a safety bound (tiny's 2 is a test time budget).
+    for name in ("demo", "scenes"):
+        enc = config_lib.load_config(name).encoder
+        assert enc.kind == "small_cnn" and enc.train
+        assert enc.max_epochs >= 30 and enc.patience >= 2, (name, enc)
+
+
 def test_coco_paper_uses_the_papers_encoder():
     enc = config_lib.load_config("coco_paper").encoder
     assert (enc.application, enc.layer, enc.weights, enc.image_size) == \
@@ -110,6 +126,8 @@ def test_misspelled_sections_and_keys_get_a_suggestion():
     (["data.val_fraction=0.5", "data.test_fraction=0.5"], "leave images for train"),
     (["encoder.grid_size=5"], "times a power of two"),
     (["train.batch_size=0"], "train.batch_size=0 must be at least 1"),
+    (["encoder.max_epochs=0"], "encoder.max_epochs=0 must be at least 1"),
+    (["encoder.patience=0"], "encoder.patience=0 must be at least 1"),
     (["preprocess.min_batch_size=100"], "above preprocess.max_batch_size"),
 ])
 def test_cross_key_rules(overrides, message):

@@ -64,11 +64,11 @@ class EncoderConfig:
     train: bool = True                 # small_cnn: train it on caption words (EncoderTrainer)
     batch_size: int = 64               # EncoderTrainer batch size
     learning_rate: float = 2e-3        # EncoderTrainer Adam learning rate
-    max_epochs: int = 30               # EncoderTrainer epoch limit (early stopping usually ends it)
+    max_epochs: int = 30               # EncoderTrainer: a safety bound on epochs, not the stop (patience is); the log says when it ends training while val mAP still rises
     shuffle_buffer: int = 10000        # EncoderTrainer: encoded images in the shuffle buffer
     val_images: int = 5000             # EncoderTrainer: val images scored for mAP, at most
-    patience: int = 3                  # epochs without val mAP improvement
-    min_delta: float = 1e-3            # smallest val mAP gain that counts as improvement
+    patience: int = 3                  # EncoderTrainer: stop after this many epochs in a row without a val mAP gain above min_delta
+    min_delta: float = 1e-3            # EncoderTrainer: smallest val mAP gain over the best so far that counts as improvement
     mixed_precision: str = "auto"      # EncoderTrainer: auto (bf16 if native) | float32 | mixed_float16 (loss-scaled) | mixed_bfloat16
 
 

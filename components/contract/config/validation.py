@@ -114,6 +114,8 @@ def validate(config: PipelineConfig) -> PipelineConfig:
                               f"{enc.grid_size} times a power of two (at least 2)")
     positive = {"train.batch_size": config.train.batch_size,
                 "encoder.batch_size": config.encoder.batch_size,
+                "encoder.max_epochs": config.encoder.max_epochs,
+                "encoder.patience": config.encoder.patience,
                 "eval.batch_size": ev.batch_size, "eval.beam_size": ev.beam_size,
                 "eval.max_length": ev.max_length, "train.epochs": config.train.epochs,
                 "preprocess.max_batch_size": config.preprocess.max_batch_size}
