@@ -65,6 +65,7 @@ class TrainingLoop:
         self.say = setup.say
         self.multi_worker = distribute.is_multi_worker(setup.strategy)
         self.final: dict = {}           # the last step's results
+        self._last_gain: float | None = None  # the metric's change in an epoch that improved it
         self._step_fn = self._iterator = None
         self._iterator_end = 0          # the first epoch the iterator does not hold
         self.epochs, self.total_steps, self.metric = phase.epochs, phase.total_steps, phase.metric
@@ -182,7 +183,27 @@ class TrainingLoop:
             bar.close()
             self.writer.flush()
         self.say(f"{self.phase.stopped} at step {int(state.step.numpy())}: {stop_reason}")
+        note = self._bound_note(stop_reason)
+        if note:
+            self.say(note)
         return stop_reason
+
+    def _bound_note(self, stop_reason: str) -> str:
+        """The line saying a bound ended a run whose last validated epoch was its best ("": else)."""
+        state = self.state
+        if self.validator is None or not (stop_reason == f"{self.epochs} epochs"
+                                          or stop_reason.startswith("max_steps=")):
+            return ""
+        last = int(state.epoch.numpy()) - 1
+        if last < 0 or int(state.best_epoch.numpy()) != last:
+            return ""
+        key = ("train.max_steps" if stop_reason.startswith("max_steps=")
+               else self.phase.epochs_key)
+        value = self.tcfg.max_steps if key == "train.max_steps" else self.epochs
+        gain = (f" ({self._last_gain:+.4f} in the last epoch)" if self._last_gain is not None
+                else "")
+        return (f"stopped at {key}={value} while {self.metric} was still improving{gain}; "
+                f"raise {key}")
 
     def _run_epoch(self, bar) -> str:
         """Trains (the rest of) the current epoch; returns a stop reason or ""."""
@@ -281,6 +302,8 @@ class TrainingLoop:
         if int(state.step.numpy()) <= self.selection_start:
             return " (expected-alpha warmup: not a best-model candidate)"
         if improved(metric, value, float(state.best_metric.numpy())):
+            previous = float(state.best_metric.numpy())
+            self._last_gain = None if math.isnan(previous) else value - previous
             state.best_metric.assign(value)
             state.best_epoch.assign(epoch)
             state.bad_epochs.assign(0)

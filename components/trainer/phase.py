@@ -87,6 +87,8 @@ class Phase:
       stopped: the start of the line that says where and why the phase stopped.
 
       epochs: the most epochs it trains.
+      epochs_key: the config key `epochs` comes from, named when that bound
+        ends a run whose last epoch was still its best.
       total_steps: the most steps it trains.
       metric: the validation metric that picks the best epoch and stops early.
       patience: epochs without a better `metric` before it stops early.
@@ -120,6 +122,7 @@ class Phase:
     metric: str
     patience: int
     first_candidate: Callable[[Any], int]
+    epochs_key: str = "train.epochs"
     start_competes: bool = False
     on_start_scored: Callable[[float | None], None] = _never_scored
     # What it hands the export.
