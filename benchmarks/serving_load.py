@@ -29,7 +29,11 @@ timeouts (no answer within the deadline, or the server's
 DEADLINE_EXCEEDED / 504: admitted, then answered too late), other failures
 (those during a version swap counted apart), and the server's RSS and open file
 descriptors every second (growth between minute 2 and the end of the
-level). Requests the client could not send on time (all its threads busy)
+level), and the server's own view from its Prometheus metrics (requests by
+status, and the latency of its OK answers per API, from when a worker
+takes the request to its answer, as bucket bounds), which tells the
+server's time apart from the client's (the client's threads share the
+host's cores). Requests the client could not send on time (all its threads busy)
 are counted as `late_sends`. Targets (issue: faults of real use): at 4x,
 admitted p99 within the deadline and at most 3x the p99 at 0.5x, refusals
 answered in under 50 ms (p99), no timeouts of admitted requests, no failed
@@ -46,6 +50,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -132,6 +137,43 @@ class Sender:
         return api, scheduled, sent, time.monotonic() - sent, outcome
 
 
+METRICS_PATH = "/monitoring/prometheus/metrics"
+_SAMPLE = re.compile(r'^(:tensorflow:serving:request_(?:count|latency_bucket))\{([^}]*)\} (\S+)$')
+
+
+def scrape(rest_url: str) -> Dict[tuple, float]:
+    """The server's request counts and latency buckets: (name, labels...) -> value."""
+    import urllib.request
+    with urllib.request.urlopen(rest_url + METRICS_PATH, timeout=60) as response:
+        text = response.read().decode()
+    points = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))
+            if match.group(1).endswith("count"):
+                key = ("status", labels["status"])
+            else:
+                key = ("latency", labels["entrypoint"].lower(), float(labels["le"]))
+            points[key] = points.get(key, 0.0) + float(match.group(3))
+    return points
+
+
+def server_view(before: Dict[tuple, float], after: Dict[tuple, float]) -> Dict[str, object]:
+    """What the server counted during a level: requests by status, and per API the
+    bucket bounds (ms) holding the p50 and p99 of its OK answers' latency."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    status = {k[1]: int(v) for k, v in sorted(delta.items()) if k[0] == "status" and v}
+    latency = {}
+    for api in ("grpc", "rest"):
+        buckets = sorted((k[2], v) for k, v in delta.items() if k[:2] == ("latency", api))
+        total = buckets[-1][1] if buckets else 0
+        if total:
+            latency[api] = [round(next(le for le, n in buckets if n >= q * total) / 1e3, 1)
+                            for q in (0.5, 0.99)]
+    return {"status": status, "ok_p50_p99_ms_at_most": latency}
+
+
 def server_stats(pid: int) -> tuple[float, int]:
     """(RSS MB, open file descriptors) of a process."""
     with open(f"/proc/{pid}/status") as f:
@@ -140,8 +182,10 @@ def server_stats(pid: int) -> tuple[float, int]:
 
 
 def run_level(sender: Sender, pid: int, rate: float, seconds: float, threads: int,
-              pusher: Pusher, seed: int) -> Dict[str, object]:
-    """Open-loop load at `rate` requests/s for `seconds`; the level's figures."""
+              pusher: Pusher, seed: int, rest_url: str = "") -> Dict[str, object]:
+    """Open-loop load at `rate` requests/s for `seconds`; the level's figures (with
+    the server's own counts when `rest_url` serves its metrics)."""
+    before = scrape(rest_url) if rest_url else None
     rng = random.Random(seed)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads)
     busy = threading.Semaphore(threads)
@@ -173,7 +217,10 @@ def run_level(sender: Sender, pid: int, rate: float, seconds: float, threads: in
         pool.submit(task, "grpc" if k % 2 == 0 else "rest", t)
         k += 1
     pool.shutdown(wait=True)
-    return summarize(results, late[0], samples, seconds, rate, pusher.swaps, sender.deadline)
+    figures = summarize(results, late[0], samples, seconds, rate, pusher.swaps, sender.deadline)
+    if before is not None:
+        figures["server"] = server_view(before, scrape(rest_url))
+    return figures
 
 
 def summarize(results: list, late: int, samples: list, seconds: float, rate: float,
@@ -199,6 +246,14 @@ def summarize(results: list, late: int, samples: list, seconds: float, rate: flo
         "refused_fraction": round(sum(len(v) for v in refused.values()) / max(1, len(results)), 4),
         "refusal_p50_ms": {c: ms(percentile(v, 50)) for c, v in refused.items() if v},
         "refusal_p99_ms": {c: ms(percentile(v, 99)) for c, v in refused.items() if v},
+        "refusal_p50_p99_ms_by_api": {api: [ms(percentile(v, 50)), ms(percentile(v, 99))]
+                                      for api in ("grpc", "rest")
+                                      for v in [sorted(r[3] for r in results if r[0] == api
+                                                       and r[4] in refused)] if v},
+        "p50_p99_ms_by_api": {api: [ms(percentile(v, 50)), ms(percentile(v, 99))]
+                              for api in ("grpc", "rest")
+                              for v in [sorted(r[3] for r in results if r[0] == api
+                                               and r[4] == "OK")] if v},
         "timeouts": by.get("TIMEOUT", 0), "deadline_s": deadline,
         "failed": len(failed), "failed_near_version_swap": len(near_swap),
         "rss_mb_first_last": [round(samples[0][1], 1), round(samples[-1][1], 1)] if samples else [],
@@ -255,8 +310,11 @@ def main(argv=None) -> int:
     batching = {"max_batch_size": 32, "batch_timeout_micros": 2000, "num_batch_threads": 2}
     if args.max_enqueued_batches is not None:
         batching["max_enqueued_batches"] = args.max_enqueued_batches
+    monitoring = os.path.join(tmp, "monitoring.config")
+    with open(monitoring, "w") as f:
+        f.write(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}\n')
     server_flags = ["--poll-seconds", "1", f"--rest-timeout-ms={round(1e3 * args.deadline)}",
-                    *args.server_flag]
+                    f"--monitoring_config_file={monitoring}", *args.server_flag]
     server = ServerProcess(base, "captioner", batching, server_flags)
     pid = server.process.pid
     log(f"host: {host()['cpu']}, {os.cpu_count()} CPUs; server pid {pid}")
@@ -272,7 +330,8 @@ def main(argv=None) -> int:
         levels = {}
         for i, (factor, minutes) in enumerate(args.levels):
             seconds = 60.0 * minutes * args.scale
-            r = run_level(sender, pid, factor * capacity, seconds, args.threads, pusher, i)
+            r = run_level(sender, pid, factor * capacity, seconds, args.threads, pusher, i,
+                          server.rest_url)
             levels[f"{factor}x"] = r
             log(f"{factor}x ({seconds:.0f} s): offered {r['offered_rps']} req/s, goodput "
                 f"{r['goodput_rps']}, p50/p99/p99.9 {r['p50_ms']}/{r['p99_ms']}/{r['p999_ms']} ms,"
@@ -280,7 +339,7 @@ def main(argv=None) -> int:
                 f"timeouts {r['timeouts']}, failed {r['failed']} "
                 f"({r['failed_near_version_swap']} near a swap), late sends {r['late_sends']}, "
                 f"RSS {r['rss_mb_first_last']} MB ({r['rss_growth_from_minute_2']:+.1%}), "
-                f"fds {r['fds_min_max']}")
+                f"fds {r['fds_min_max']}; server: {r['server']}")
         pusher.stop.set()
         alive = server.process.poll() is None
     finally:

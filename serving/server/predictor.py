@@ -140,6 +140,8 @@ class Predictor:
         """Predict on a given servable (also the warmup replay path)."""
         self.work.check_deadline(deadline)
         signature = servable.signature(request.model_spec.signature_name)
+        # Refused before its tensors are parsed when its batch queue would refuse it.
+        servable.check_admission(deadline, signature.name)
         inputs = self.parse_inputs(servable, signature, request.inputs,
                                    max_elements=self.max_tensor_elements,
                                    max_images=self.max_images)

@@ -23,9 +23,9 @@ JSON. Requests run on a pool of `num_threads` threads (the model calls
 block), which also encode the answers; the event loop only parses and
 writes. A batched predict request does not hold its thread while it waits
 for its batch: the thread parses it and queues it (`Predictor.run_async`),
-the event loop awaits the batch, and a thread encodes the answer; so REST
-requests waiting for batches are bounded by the batch queue, not by the
-threads. One exception, the fast path: a small predict request on the only
+the event loop awaits the batch and encodes the answer when it is small (a
+thread when it is large); so REST requests waiting for batches are bounded
+by the batch queue, not by the threads. One exception, the fast path: a small predict request on the only
 open connection, with nothing else in flight, runs on the event loop
 itself when its decode work is small and it is not batched
 (`Predictor.may_run_inline`), which saves two thread hand-offs (pool and
@@ -39,7 +39,10 @@ deadline is its arrival plus `timeout_ms` (TF Serving's
 holds a thread, more than `DEADLINE_SHARE` of the time left) is refused at
 once, 429; one still waiting when it passes
 is answered 504 without running; a batched one expected to be answered
-after it is refused by the batch queue (429). A request whose connection is
+after it is refused by the batch queue (429), on the event loop before its
+body is parsed when the queue already refuses a one-row request (refusing
+must cost less than queueing, or an overload is spent parsing requests only
+to refuse them). A request whose connection is
 lost while it waits (reset, transport error) is dropped from the batch
 queue unrun: a client that only half-closes (FIN) after its request still
 gets its answer, so a FIN cannot tell a client that left, and what bounds
@@ -99,6 +102,11 @@ _METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH")
 # Largest body a request on the fast path (run on the event loop) may have:
 # parsing it there must be quick.
 INLINE_MAX_BODY = 256 * 1024
+# Most output values a batched request's answer may have to be encoded on the
+# event loop once its batch is done (a caption with its attention maps is a
+# few thousand); larger answers are encoded on the pool.
+INLINE_MAX_OUTPUT_VALUES = 1 << 15
+_SIGNATURE_NAME = re.compile(rb'"signature_name"\s*:\s*"([A-Za-z0-9_.\-/]*)"')
 
 
 class _Pending:
@@ -112,6 +120,24 @@ class _Pending:
         self.encode = encode
         self.seen: Dict[str, str] = {}
         self.started = 0.0
+
+    def small(self) -> bool:
+        """Whether the (done) answer is small enough to encode on the event loop."""
+        if self.future.exception() is not None:
+            return True
+        return sum(getattr(v, "size", 1) for v in self.future.result().values()) \
+            <= INLINE_MAX_OUTPUT_VALUES
+
+
+def signature_hint(body: bytes) -> Optional[str]:
+    """The signature a predict body names, read without parsing it: "" for none (the
+    default), None when that is not certain from its bytes (escapes, several)."""
+    if b"\\u" in body:
+        return None
+    found = _SIGNATURE_NAME.findall(body)
+    if len(found) > 1 or (not found and b"signature_name" in body):
+        return None
+    return found[0].decode("ascii") if found else ""
 
 
 @dataclass(frozen=True)
@@ -260,7 +286,6 @@ class _RestApp:
         self.job_times = RunTimes()  # seconds a request holds a pool thread
         # "busy" (429: no thread in time), "connections" (503) -> requests refused
         self.refused: collections.Counter = collections.Counter()
-        self.disconnects = 0  # requests whose connection was lost while they waited
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -298,16 +323,14 @@ class _RestApp:
         deadline = arrived + self.timeout if self.timeout is not None else None
         self.in_flight += 1
         try:
-            answer = self._handle(method, path, body, inline=True, deadline=deadline) \
-                if self._may_try_inline(method, body) else None
+            answer = self._early_refusal(method, path, body, deadline, arrived)
+            if answer is None and self._may_try_inline(method, body):
+                answer = self._handle(method, path, body, inline=True, deadline=deadline)
+                self.inline_runs += answer is not None
             if answer is None:
                 # The answer is encoded on the pool too: the loop only writes it.
                 answer = self._refusal(deadline) or await self._on_pool(
                     method, path, body, deadline, receive)
-                if answer is None:  # the connection was lost: nobody to answer
-                    return
-            else:
-                self.inline_runs += 1
         finally:
             self.in_flight -= 1
         await respond(send, *answer)
@@ -317,6 +340,29 @@ class _RestApp:
         return (self.fast_path and self.connections is not None and method == "POST"
                 and self.in_flight == 1 and len(body) <= INLINE_MAX_BODY
                 and self.connections() <= 1)
+
+    def _early_refusal(self, method: str, path: str, body: bytes, deadline: Optional[float],
+                       arrived: float) -> Optional[Tuple[int, bytes]]:
+        """The answer to a predict request that its batch queue would refuse now (429,
+        503), before it is parsed: refusing must cost less than queueing, or an overload
+        is spent parsing requests only to refuse them. None: no early refusal."""
+        match = _PREDICT.match(path) if method == "POST" else None
+        if match is None or match.group(4).lower() != "predict":
+            return None
+        name, version, label, _ = match.groups()
+        signature = signature_hint(body)
+        try:
+            servable = self.predictor.resolve(_model_spec(name, version, label))
+        except ServingError:  # answered with its error on the pool
+            return None
+        try:
+            servable.check_admission(deadline, signature)
+        except ServingError as e:
+            if self.metrics is not None:
+                self.metrics.record_request(unquote(name), e.code.name, "predict", "REST",
+                                            1e6 * (time.monotonic() - arrived))
+            return e.http_status, _error(e.message)
+        return None
 
     def _refusal(self, deadline: Optional[float]) -> Optional[Tuple[int, bytes]]:
         """429 when no pool thread would take the request in time to answer it by its
@@ -338,34 +384,17 @@ class _RestApp:
             f"retry later")
 
     async def _on_pool(self, method: str, path: str, body: bytes, deadline: Optional[float],
-                       receive) -> Optional[Tuple[int, bytes]]:
-        """The request handled on the pool; None when its connection is lost first (its
-        batched run, if queued, is then dropped unrun)."""
-        gone = threading.Event()
-        answer = await self._until_lost(self._pool(
-            self._handle, method, path, body, False, deadline, lambda: not gone.is_set()),
-            receive, gone)
+                       receive) -> Tuple[int, bytes]:
+        """The request handled on the pool (a batched one waits for its batch here, holding
+        no thread; dropped unrun if its connection is lost meanwhile)."""
+        answer = await self._pool(self._handle, method, path, body, False, deadline,
+                                  connection_alive(receive))
         if isinstance(answer, _Pending):  # queued for its batch: wait without a thread
-            answer = await self._until_lost(asyncio.wrap_future(answer.future), receive, gone,
-                                            then=answer)
-            if answer is not None:
-                answer = await self._pool(self._complete, answer)
+            await asyncio.wrap_future(answer.future)
+            # A small answer is encoded here, a large one on the pool.
+            answer = self._complete(answer) if answer.small() \
+                else await self._pool(self._complete, answer, True)
         return answer
-
-    async def _until_lost(self, job, receive, gone: threading.Event, then=None):
-        """`then` (or `job`'s result) once `job` is done; None when the connection is lost
-        first (`gone` is set: the request, if queued, is dropped; `job` is left to end)."""
-        while True:
-            watcher = asyncio.ensure_future(receive())  # returns once the connection is lost
-            done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if job in done:
-                watcher.cancel()
-                return then if then is not None else job.result()
-            if watcher.result().get("type") == "http.disconnect":
-                gone.set()
-                self.disconnects += 1
-                job.add_done_callback(_retrieve)  # its answer is dropped quietly
-                return None
 
     def _pool(self, fn, *args):
         """`fn(*args)` on the pool, counted in `pool_jobs` while it waits or runs."""
@@ -413,7 +442,7 @@ class _RestApp:
 
     # -- on the thread pool ----------------------------------------------------
 
-    def _complete(self, pending: _Pending) -> Tuple[int, bytes]:
+    def _complete(self, pending: _Pending, on_pool: bool = False) -> Tuple[int, bytes]:
         """(HTTP status, JSON body) of a request whose batch is done; counts it."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
@@ -427,7 +456,8 @@ class _RestApp:
             log.exception("REST predict failed")
             return 500, _error(f"{type(e).__name__}: {e}")
         finally:
-            self.job_times.observe(time.perf_counter() - started)
+            if on_pool:
+                self.job_times.observe(time.perf_counter() - started)
             if self.metrics is not None and "model_name" in pending.seen:
                 self.metrics.record_request(
                     pending.seen["model_name"], code.name, pending.seen["api"], "REST",
@@ -570,10 +600,16 @@ def _error(message: str) -> bytes:
     return rest_json.encode({"error": message})
 
 
-def _retrieve(future) -> None:
-    """Retrieves a dropped future's error, so that asyncio does not log it."""
-    if not future.cancelled():
-        future.exception()
+def connection_alive(receive) -> Optional[Callable[[], bool]]:
+    """`is_active` of a request: False once its connection is lost (reset, transport
+    error), read from uvicorn's request cycle (the object `receive` is bound to, which
+    marks itself `disconnected`), so that nothing waits on the loop for it; None where
+    the server does not expose it. A half-close (FIN) is not a loss: the client may
+    still read its answer."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is None or not hasattr(cycle, "disconnected"):
+        return None
+    return lambda: not cycle.disconnected
 
 
 def _model_spec(name: str, version: Optional[str], label: Optional[str]) -> model_pb2.ModelSpec:

@@ -160,19 +160,31 @@ class BatchScheduler:
             now = self.clock()
             task = None if self._closed else _Task(inputs, size, key, now, deadline, is_active)
             if task is not None:
-                limit = self.params.max_enqueued_batches * self.params.max_batch_size
-                if self._queued_rows + size > limit:
-                    self.refused["full"] += 1
-                    raise unavailable(f"The batch scheduling queue of {self.name} is full "
-                                      f"({self._queued_rows} rows waiting)")
-                if deadline is not None:
-                    self._check_wait(size, deadline - now)
+                self._check_admission(size, deadline, now)
                 self._tasks.append(task)
                 self._queued_rows += size
                 self._cond.notify_all()
         if task is None:  # closed (version unloading): run unbatched
             return _done(self._run, inputs)
         return task.future
+
+    def check_admission(self, rows: int, deadline: Optional[float]) -> None:
+        """Raises now what `submit` of `rows` rows would raise at once (RESOURCE_EXHAUSTED,
+        UNAVAILABLE, DEADLINE_EXCEEDED), so that a caller can refuse a request before
+        parsing it (with `rows` a lower bound of its rows)."""
+        with self._cond:
+            if not self._closed:
+                self._check_admission(rows, deadline, self.clock())
+
+    def _check_admission(self, rows: int, deadline: Optional[float], now: float) -> None:
+        """`check_admission`; the caller holds `_cond`."""
+        limit = self.params.max_enqueued_batches * self.params.max_batch_size
+        if self._queued_rows + rows > limit:
+            self.refused["full"] += 1
+            raise unavailable(f"The batch scheduling queue of {self.name} is full "
+                              f"({self._queued_rows} rows waiting)")
+        if deadline is not None:
+            self._check_wait(rows, deadline - now)
 
     def expected_seconds(self, rows: int) -> Optional[float]:
         """When a request of `rows` rows queued now is expected to be answered (seconds

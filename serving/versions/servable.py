@@ -234,6 +234,39 @@ class Servable:
             raise internal(f"signature {signature.name} did not return a dict of outputs")
         return {alias: value.numpy() for alias, value in outputs.items()}
 
+    def check_admission(self, deadline: Optional[float], signature: Optional[str] = None,
+                        rows: int = 1) -> None:
+        """Refuses now (as `run` would) a request of at least `rows` rows whose batch
+        queue is full or would answer after `deadline`, before it is parsed.
+
+        Args:
+          deadline: `time.monotonic()` time by which the answer is due; None: none.
+          signature: the signature's name; None: not known yet, and then the
+            request is refused only when every signature's queue would refuse it.
+          rows: a lower bound of the request's rows.
+        Raises:
+          ServingError: RESOURCE_EXHAUSTED, UNAVAILABLE or DEADLINE_EXCEEDED.
+        """
+        if self.batching is None:
+            return
+        with self._lock:
+            if signature is not None:
+                key = signature or DEFAULT_SIGNATURE
+                batchers = [self._batchers[key]] if key in self._batchers else []
+            elif len(self._batchers) == len(self.signatures):
+                batchers = list(self._batchers.values())
+            else:  # a signature with no queue yet would take it
+                batchers = []
+        error = None
+        for batcher in batchers:
+            try:
+                batcher.check_admission(rows, deadline)
+                return
+            except ServingError as e:
+                error = e
+        if error is not None:
+            raise error
+
     def _batcher(self, signature: Signature) -> Optional[BatchScheduler]:
         with self._lock:
             if self._closed:

@@ -192,7 +192,7 @@ def test_a_queued_request_whose_rest_connection_is_lost_is_dropped_unrun(
     wait_until(lambda: batcher.queued_rows == 1, "the REST request queued for a batch")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()  # a reset: the connection is lost (a FIN alone may be a half-close)
-    wait_until(lambda: server._rest.app.disconnects == 1, "the server saw the reset")
+    wait_until(lambda: not batcher._tasks[0].is_active(), "the server saw the reset")
     gate.release.set()
     held.join()
     assert isinstance(result[0], str)
@@ -249,3 +249,50 @@ def test_the_default_connection_limit_is_half_the_open_file_limit():
     from serving.server.rest import default_max_connections
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert default_max_connections() == (0 if soft == resource.RLIM_INFINITY else soft // 2)
+
+
+def test_a_full_batch_queue_refuses_before_the_request_is_parsed(make_base, start_server,
+                                                                  monkeypatch):
+    # Refusing must cost less than queueing: at 4x capacity the server spent
+    # its CPU parsing requests (JSON, tensors, image headers) only to refuse
+    # them, and the requests it admitted timed out.
+    from serving.server import rest
+    server = start_server(make_base({1: "image"}), batching=BatchingParameters(
+        max_batch_size=1, batch_timeout_micros=0, num_batch_threads=1, max_enqueued_batches=1))
+    servable = server.manager.get("captioner")
+    gate = Gate(servable.call)
+    servable.call = gate
+    held = [in_thread(grpc_caption, server.grpc_address)]
+    wait_until(lambda: gate.calls == 1, "the batch thread busy")
+    held.append(in_thread(grpc_caption, server.grpc_address))
+    batcher = servable._batchers["serving_default"]
+    wait_until(lambda: batcher.queued_rows == 1, "the queue full (one batch of one row)")
+    parsed = []
+    monkeypatch.setattr(rest.rest_json, "parse_json", lambda body: parsed.append(body))
+    parse_inputs = server.predictor.parse_inputs
+    monkeypatch.setattr(server.predictor, "parse_inputs",
+                        lambda *a, **k: parsed.append(a) or parse_inputs(*a, **k))
+    status, answer = rest_post(server.rest_port)
+    assert status == 503 and "is full" in answer["error"]
+    with pytest.raises(CaptionError) as info:
+        grpc_caption(server.grpc_address)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert parsed == []  # neither request was parsed
+    monkeypatch.undo()
+    gate.release.set()
+    for thread, result in held:
+        thread.join()
+        assert isinstance(result[0], str)
+
+
+@pytest.mark.parametrize("body,signature", [
+    (b'{"instances": [1]}', ""),
+    (b'{"signature_name": "serving_default", "instances": [1]}', "serving_default"),
+    (b'{"instances": [1], "signature_name" : "caption_annotations"}', "caption_annotations"),
+    (b'{"signature_name": "a", "inputs": {"signature_name": "b"}}', None),  # which one?
+    (b'{"signature\\u005fname": "a", "instances": [1]}', None),  # escaped: not certain
+    (b'{"signature_name": 7}', None),
+])
+def test_the_signature_a_body_names_is_read_without_parsing_it(body, signature):
+    from serving.server.rest import signature_hint
+    assert signature_hint(body) == signature
