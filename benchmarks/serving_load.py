@@ -276,7 +276,7 @@ def parse_levels(text: str) -> tuple:
     return levels
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", type=float, default=1.0, help="multiply every level's minutes")
     p.add_argument("--levels", type=parse_levels, default=LEVELS,
@@ -296,7 +296,11 @@ def main(argv=None) -> int:
     p.add_argument("--decoder-units", type=int, default=512)
     p.add_argument("--decoder-steps", type=int, default=60)
     p.add_argument("--image-size", type=int, default=64)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     from tests.serving.fixtures import build_fixture_model
     image = make_image(args.image_size)

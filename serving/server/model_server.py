@@ -61,7 +61,7 @@ from serving.server.grpc_services import (
 from serving.server.metrics import ServingMetrics
 from serving.server.options import ServerOptions
 from serving.server.predictor import Predictor, RequestLimits
-from serving.server.rest import RestOptions, RestServer
+from serving.server.rest_server import RestOptions, RestServer
 from serving.server.thread_choice import choose_intra_op
 from serving.ui.routes import UiFiles
 from serving.versions.model_manager import (

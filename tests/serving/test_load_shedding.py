@@ -246,7 +246,7 @@ def test_rest_connections_beyond_the_limit_get_503_and_are_closed(make_base, sta
 def test_the_default_connection_limit_is_half_the_open_file_limit():
     import resource
 
-    from serving.server.rest import default_max_connections
+    from serving.server.rest_server import default_max_connections
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert default_max_connections() == (0 if soft == resource.RLIM_INFINITY else soft // 2)
 

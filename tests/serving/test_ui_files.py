@@ -11,7 +11,7 @@ import pytest
 
 from serving.server.flags import build_parser
 from serving.server.predictor import Predictor
-from serving.server.rest import RestServer
+from serving.server.rest_server import RestServer
 from serving.ui.routes import UI_DIR, UiFiles
 
 

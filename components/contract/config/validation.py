@@ -65,27 +65,7 @@ def validate(config: PipelineConfig) -> PipelineConfig:
         if value not in choices:
             raise _choice_error(key, value, choices)
     data, model, ev = config.data, config.model, config.eval
-    for metric in ev.thresholds:
-        if metric in REPORTED_METRICS:
-            raise ConfigError(f"eval.thresholds: {metric} is reported, never a threshold "
-                              f"(lower is better, and a threshold is a minimum); thresholds "
-                              f"may name: {', '.join(EVAL_METRICS)}")
-        if metric not in EVAL_METRICS:
-            raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
-                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
-        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES:
-            raise ConfigError(f"eval.thresholds: {metric} is computed only for "
-                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
-                              f"boxes), not {data.source!r}")
-    changes = change_thresholds(ev.change_thresholds, "eval.change_thresholds")
-    defaults = default_change_thresholds()
-    for metric, bounds in changes.items():
-        # The defaults name every metric; only a bound someone set is a mistake on unboxed data.
-        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES \
-                and bounds != defaults.get(metric):
-            raise ConfigError(f"eval.change_thresholds: {metric} is computed only for "
-                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
-                              f"boxes), not {data.source!r}")
+    _check_thresholds(ev, data)
     tcfg = config.train
     if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
         raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
@@ -126,6 +106,31 @@ def validate(config: PipelineConfig) -> PipelineConfig:
         raise ConfigError(f"preprocess.min_batch_size={config.preprocess.min_batch_size} is "
                           f"above preprocess.max_batch_size={config.preprocess.max_batch_size}")
     return config
+
+
+def _check_thresholds(ev, data) -> None:
+    """`eval.thresholds` and `eval.change_thresholds` name metrics the Evaluator computes."""
+    for metric in ev.thresholds:
+        if metric in REPORTED_METRICS:
+            raise ConfigError(f"eval.thresholds: {metric} is reported, never a threshold "
+                              f"(lower is better, and a threshold is a minimum); thresholds "
+                              f"may name: {', '.join(EVAL_METRICS)}")
+        if metric not in EVAL_METRICS:
+            raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
+                              f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES:
+            raise ConfigError(f"eval.thresholds: {metric} is computed only for "
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
+    changes = change_thresholds(ev.change_thresholds, "eval.change_thresholds")
+    defaults = default_change_thresholds()
+    for metric, bounds in changes.items():
+        # The defaults name every metric; only a bound someone set is a mistake on unboxed data.
+        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES \
+                and bounds != defaults.get(metric):
+            raise ConfigError(f"eval.change_thresholds: {metric} is computed only for "
+                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
+                              f"boxes), not {data.source!r}")
 
 
 def change_thresholds(value: Any, where: str) -> dict[str, dict[str, float]]:
