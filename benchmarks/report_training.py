@@ -59,6 +59,25 @@ def t_demo_stages(ctx: Context) -> Rendered:
     return lines, [r for _, r in runs]
 
 
+def t_demo_encoder_stop(ctx: Context) -> Rendered:
+    """`make demo` with the encoder's epochs fixed at 4 and with its stop on val mAP, one host and day."""
+    rec = ctx.latest("demo_encoder_stop")
+    rows = []
+    for run in rec.figures["runs"]:
+        s, m = run["stages_s"], run["metrics"]
+        wall = int(run["wall_s"])
+        rows.append([run["label"], f"{run['encoder_epochs']} ({run['encoder_best_epoch']})",
+                     num(run["encoder_val_map"], 4), run["encoder_stopped"],
+                     num(s["EncoderTrainer"], 1), num(s["Trainer"], 1),
+                     f"**{wall // 60} min {wall % 60} s**",
+                     *[metric(m, k) for k in ("Bleu_4", "METEOR", "CIDEr", "relation_accuracy")],
+                     run["load"]])
+    lines = table(["encoder stop", "epochs (best)", "val mAP", "ended by", "EncoderTrainer s",
+                   "Trainer s", "total", "Bleu_4", "METEOR", "CIDEr", "relation", "load average"],
+                  rows)
+    return lines + ["", rec.figures["note"]], [rec]
+
+
 def t_demo_seeds(ctx: Context) -> Rendered:
     lr = ctx.latest("demo_learning_rate")
     f32 = ctx.latest("attention_types-demo-float32-epochs30")
