@@ -263,7 +263,8 @@ class StopRule:
             self.stopped = "patience"
             return improved, (f"val mAP stopped improving: best {self.best:.4f} at epoch "
                               f"{self.best_epoch}, no gain above encoder.min_delta="
-                              f"{self.min_delta:g} in the {self.bad} epochs since")
+                              f"{self.min_delta:g} in the {self.bad} "
+                              f"epoch{'' if self.bad == 1 else 's'} since")
         if epoch >= self.max_epochs:
             self.stopped = "max_epochs"
             if improved:

@@ -8,8 +8,8 @@ blessed (thresholds at 0) and pushed, so serving can be exercised.
 
 Tuned on: nothing; its counts are a time budget for the tests (80 synthetic
 32x32 images). `encoder.max_epochs` 2 and `train.epochs` 2 cut training
-short on purpose, and the EncoderTrainer's log says it stopped at the bound
-while val mAP was still rising. Not a starting point for your own data: copy
+short on purpose (the Trainer's log says it stopped at train.epochs while
+val_loss was still improving). Not a starting point for your own data: copy
 `demo` (pipeline/configs/demo.py; docs/configuration.md, "Your own data").
 """
 from pipeline.config import (
