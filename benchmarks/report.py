@@ -85,6 +85,7 @@ from benchmarks.report_training import (  # noqa: E402
 
 PERFORMANCE = os.path.join(_REPO, "docs", "PERFORMANCE.md")
 README = os.path.join(_REPO, "README.md")
+RECORDS = os.path.join(_REPO, "benchmarks", "results", "README.md")
 _BLOCK_RE = re.compile(r"<!-- table:(?P<name>[a-z0-9_-]+):start[^>]*-->\n.*?<!-- table:(?P=name):end -->",
                        re.S)
 
@@ -234,8 +235,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a document's tables differ from the records")
     parser.add_argument("--results-dir", default=RESULTS_DIR, help="the JSON records (default: %(default)s)")
-    parser.add_argument("docs", nargs="*", default=[PERFORMANCE, README],
-                        help="the documents whose tables to regenerate (default: docs/PERFORMANCE.md, README.md)")
+    parser.add_argument("docs", nargs="*", default=[PERFORMANCE, README, RECORDS],
+                        help="the documents whose tables to regenerate (default: docs/PERFORMANCE.md, "
+                             "README.md, benchmarks/results/README.md)")
     args = parser.parse_args(argv)
     stale = []
     for path, (old, new) in render_files(args.docs, args.results_dir).items():

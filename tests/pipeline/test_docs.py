@@ -140,3 +140,11 @@ def test_readme_and_docs_relative_links_resolve():
                     if anchor not in _anchors(f.read()):
                         broken.append(f"{os.path.relpath(page, root)}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_performance_doc_stays_readable():
+    # Superseded figures go to benchmarks/results/README.md, not here.
+    path = os.path.join(os.path.dirname(docgen.README), "docs", "PERFORMANCE.md")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) <= 500, f"docs/PERFORMANCE.md has {len(lines)} lines (at most 500)"
