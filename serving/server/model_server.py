@@ -196,7 +196,7 @@ class ModelServer:
         # No RPC waits for a worker thread: beyond max_threads in progress, gRPC
         # refuses it at once (RESOURCE_EXHAUSTED), as TF Serving's sync server
         # does once its --grpc_max_threads are busy; waiting, it would only be
-        # answered after its deadline (issue #43, serving/limits/load_shedding.py).
+        # answered after its deadline (serving/limits/load_shedding.py).
         server = grpc.server(futures.ThreadPoolExecutor(
             max_workers=options.max_threads, thread_name_prefix="grpc", initializer=mark_pool,
             initargs=("grpc", options.max_threads)), options=grpc_options,

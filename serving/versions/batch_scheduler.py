@@ -13,7 +13,7 @@ first are merged. A request larger than `max_batch_size` runs on its own
 batch fails with INVALID_ARGUMENT (say one request carries an undecodable
 image), each request is rerun alone, so only the bad one fails.
 
-Load shedding (issue #43): a request with a deadline is queued only while
+Load shedding: a request with a deadline is queued only while
 its expected answer time fits in it (within `DEADLINE_SHARE` of the time
 left); the rest are refused at once with RESOURCE_EXHAUSTED (HTTP 429),
 instead of waiting to be answered too late.

@@ -32,7 +32,7 @@ class BatchingParameters:
       max_enqueued_batches: queue bound, in batches; beyond it requests fail
         fast with UNAVAILABLE instead of queueing without limit. 10, as TF
         Serving's batch scheduler (`BasicBatchScheduler`): at 100, the queue
-        held about 10 s of work at the load benchmark's capacity (issue #43).
+        held about 10 s of work at the load benchmark's capacity (docs/RELIABILITY.md).
       allowed_batch_sizes: when set, a batch is padded (repeating its last
         row) up to the next allowed size, so the model sees few shapes; the
         last entry must equal `max_batch_size`.
