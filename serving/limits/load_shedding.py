@@ -1,7 +1,7 @@
 """Load shedding by deadline: admit a request only while it can be answered in time.
 
 Under overload a queue only turns requests that would have been refused
-into requests answered too late: the open-loop load benchmark (open-loop load
+into requests answered too late: the open-loop load benchmark (load
 at 1x-4x capacity, `benchmarks/serving_load.py`) queued about 10 s of work
 for requests with 2 s deadlines, so from 1x capacity most answers came after
 the client had given up, nothing was refused, and the server held a file
