@@ -13,7 +13,7 @@ so every caption runs to `--max-length`: the slowest decode), records the
 encoder's GFLOPs per image (`models.encoder.encoder_flops`), then times the
 `serving_default` signature on one JPEG in process, in child processes
 that alternate: TensorFlow's default pools against one intra-op thread,
-both with the server's thread-spinning choice for this host. Medians over
+both sized as the server sizes them. Medians over
 `--repeats` children of the median of `--calls` calls each.
 
 Prints the CPU and its flags, a table (`speedup` = default ms / one-thread
@@ -88,7 +88,7 @@ def _worker(path: str, intra_op: int, calls: int) -> None:
     from PIL import Image
 
     from serving.server.model_server import _set_tf_threads
-    _set_tf_threads(intra_op, 0, "auto")
+    _set_tf_threads(intra_op, 0)
     import tensorflow as tf
     model = tf.saved_model.load(path)
     signature = model.signatures["serving_default"]
