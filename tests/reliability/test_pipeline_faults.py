@@ -79,7 +79,7 @@ def build_coco_with_faults(folder: str, num_images: int = NUM_IMAGES,
     kinds = [k for k, n in FAULTS.items() if k != "duplicate_id" for _ in range(n)]
     order = list(range(num_images))
     rnd.shuffle(order)
-    fault_of = dict(zip(order, kinds, strict=True))
+    fault_of = dict(zip(order[:len(kinds)], kinds, strict=True))  # the first ids of the shuffle
     images, annotations, faults = [], [], {}
     for i, raw in enumerate(generate(num_images, image_size=32, seed=seed)):
         image_id = 5000 + i
