@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from serving.signature.decoding import Decoding
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 # What the pipeline's Exporter records beside the SavedModel: the inputs'
@@ -90,20 +91,6 @@ class CaptionerModule:
         h, w, d = self.grid
         annotations = tf.reshape(tf.cast(grid, tf.float32), [-1, h * w, d])
         return self.caption_annotations(annotations)
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """How the exported graph decodes (see `CaptionerModule`).
-
-    Attributes:
-      beam_size: 1 = greedy decoding.
-      max_length: maximum caption length in words (with `<end>`).
-      length_normalization: beam search length penalty alpha (0 = off).
-    """
-    beam_size: int = 3
-    max_length: int = 30
-    length_normalization: float = 0.0
 
 
 def export_saved_model(path: str, encoder, decoder, vocabulary: Sequence[str],

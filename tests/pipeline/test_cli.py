@@ -204,3 +204,16 @@ def test_caption_loads_the_protos_without_tensorflow():
                             env=_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-2:] == ["False True", "2"]
+
+
+def test_loading_the_cli_and_its_config_imports_neither_numpy_nor_tensorflow():
+    # Every `captioner` command loads the config: the declarations it is
+    # generated from (serving's options, the export's decoding, the decoder's
+    # options) must stay light.
+    code = ("import sys\nimport pipeline.cli\nfrom pipeline import config\n"
+            "config.load_config('demo')\n"
+            "print(sorted(m for m in ('numpy', 'tensorflow', 'grpc') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=_env(), cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"

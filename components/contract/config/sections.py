@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from components.contract.config.values import CAPTION_METRICS, GROUNDING_METRICS
 from models.decoder_options import DecoderOptions
 from serving.server import options as server_options
-from serving.signature.export import Decoding
+from serving.signature.decoding import Decoding
 from serving.versions.batching_parameters import BatchingParameters
 
 # The server's batching defaults, which the pushed batching_parameters.txt starts from.
