@@ -148,7 +148,7 @@ def _add_declared(groups) -> None:
             continue
         kind = f.type if isinstance(f.type, type) else _TYPES.get(str(f.type), str)
         help_text = f.metadata["help"]
-        if kind is bool and f.default is False and spellings[0].count("_") == 0:
+        if f.metadata["switch"]:
             groups[group].add_argument(*spellings, dest=f.name, action="store_true",
                                        help=help_text + " (off by default)")
         elif kind is bool:

@@ -27,12 +27,13 @@ if TYPE_CHECKING:  # kept light: the pipeline's config imports this declaration
 
 
 def setting(default: Any, help: str, *flags: str, group: str = "", config: bool = False,
-            config_flag: str = ""):
+            config_flag: str = "", switch: bool = False):
     """A `ServerOptions` field: its default and help, its flag spellings and group, and
     whether the pipeline config's `serve` section has it (`config=True`, passed to
-    `captioner serve` as `config_flag`, default the first spelling)."""
+    `captioner serve` as `config_flag`, default the first spelling). A `switch` is an
+    off-by-default flag that takes no value (`--ui`); TF Serving's booleans take one."""
     return field(default=default, metadata={
-        "help": help, "flags": flags, "group": group, "config": config,
+        "help": help, "flags": flags, "group": group, "config": config, "switch": switch,
         "config_flag": config_flag or (flags[0] if flags else "")})
 
 
@@ -122,7 +123,7 @@ class ServerOptions:
     health_service: bool = setting(True, "register grpc.health.v1.Health",
                                    "--enable_grpc_healthcheck_service", group="network")
     ui: bool = setting(False, "serve the attention explorer page at /ui/ on the REST port",
-                       "--ui", group="network")
+                       "--ui", group="network", switch=True)
 
     def checked(self, model_base_path: Optional[str]) -> "ServerOptions":
         """These options with the version policy parsed.
