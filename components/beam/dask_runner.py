@@ -23,6 +23,14 @@ the pipeline itself (`_Translator`) while keeping Beam's `GroupByKey` and
    client is not the process-wide default: a worker that dies takes groups
    with it. Here it is always the task shuffle.
 
+6. A task is pure to dask, so when a worker dies dask recomputes every lost
+   result some pending task still needs, including a file sink's write
+   bundles after the sink's finalize step already committed their files
+   (the driver still has to count the write stage's partitions): the rerun
+   writes a new `beam-temp-*` folder that nobody renames or deletes. Here,
+   once the job is done, the driver removes the temporary folders of the
+   job's `FileBasedSink`s that the job created (`_remove_sink_temp_dirs`).
+
 And it adds what a production job needs: fused stages (a ParDo runs in the
 task of the ParDo that feeds it, elements stream through them, and a task
 returns only what leaves its stage: the stock runner holds every
@@ -43,7 +51,9 @@ Upstream notes: docs/beam.md, "Dask".
 from __future__ import annotations
 
 import collections
+import logging
 import math
+import os
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
@@ -89,10 +99,23 @@ class _Translator(PipelineVisitor):
         self.bags: dict = {}          # non-ParDo node or id(stage) -> bag
         self.readers: dict = collections.defaultdict(list)  # PCollection -> consuming nodes
         self.read_pcolls: set = set()
+        self.file_sinks: list = []    # the FileBasedSinks the job writes through
 
     def visit_transform(self, node: AppliedPTransform) -> None:
         # Beam visits in the order transforms were applied: producers first.
         self.nodes.append(node)
+        self._note_file_sink(node)
+
+    def _note_file_sink(self, node: AppliedPTransform) -> None:
+        # The write-bundle ParDos of `beam.io.Write` carry the sink (the
+        # composite `WriteImpl` itself does not survive the pipeline's proto
+        # round trip).
+        from apache_beam.io.filebasedsink import FileBasedSink
+        fn = getattr(node.transform, "fn", None)
+        sink = getattr(fn, "sink", None)
+        if (type(fn).__module__ == "apache_beam.io.iobase" and isinstance(sink, FileBasedSink)
+                and all(sink is not s for s in self.file_sinks)):
+            self.file_sinks.append(sink)
 
     # -- fusion
 
@@ -279,10 +302,14 @@ class DaskPipelineResult(PipelineResult):
       client: the connected `distributed.Client` (closed when the job ends).
       metric_futures, leaf_futures: futures of the metric and leaf partitions.
       on_done: called once when the job ends (stops a local cluster).
+      file_sinks: the job's `FileBasedSink`s (their temporary folders are
+        removed once it is done).
+      started: when the job was submitted (`time.time()`).
     """
 
     def __init__(self, client, metric_futures: Sequence, leaf_futures: Sequence,
-                 on_done: Optional[Callable[[], None]] = None):
+                 on_done: Optional[Callable[[], None]] = None,
+                 file_sinks: Sequence = (), started: Optional[float] = None):
         super().__init__(PipelineState.RUNNING)
         from apache_beam.runners.direct.direct_metrics import DirectMetrics
         self.client = client
@@ -292,7 +319,8 @@ class DaskPipelineResult(PipelineResult):
         self._on_done = on_done
         self.partitions_done = 0
         self.partitions = len(self._futures)
-        self.started = time.time()
+        self.started = time.time() if started is None else started
+        self._file_sinks = list(file_sinks)
 
     def wait_until_finish(self, duration=None) -> str:
         import distributed
@@ -307,6 +335,7 @@ class DaskPipelineResult(PipelineResult):
                         for updates in per_step:
                             self._metrics.commit_logical(None, updates)
                 self.partitions_done += 1
+            _remove_sink_temp_dirs(self._file_sinks, self.started)
             self._state = PipelineState.DONE
         except TimeoutError:
             if duration is not None:
@@ -361,6 +390,7 @@ class DaskRunner(stock.DaskRunner):
                                       scheduler_file=dask_options.get("scheduler_file"),
                                       timeout=dask_options.get("timeout"),
                                       name=dask_options.get("name"))
+        started = time.time()
         try:
             dask_cluster.check_workers(client)
             threads = sum(client.nthreads().values())
@@ -373,7 +403,59 @@ class DaskRunner(stock.DaskRunner):
             client.close()
             raise
         n = sum(b.npartitions for b in metrics)
-        return DaskPipelineResult(client, futures[:n], futures[n:])
+        return DaskPipelineResult(client, futures[:n], futures[n:],
+                                  file_sinks=translator.file_sinks, started=started)
+
+
+# How far a worker's clock may lag the driver's when telling this job's
+# temporary folders from older ones (their names carry a uuid1 timestamp).
+CLOCK_SKEW_S = 300.0
+_UUID1_EPOCH = 0x01B21DD213814000  # 100 ns intervals from 1582-10-15 to 1970-01-01
+
+
+def _remove_sink_temp_dirs(sinks: Sequence, started: float) -> list:
+    """Removes the `beam-temp-*` folders of `sinks` created since `started`; returns them.
+
+    FileBasedSink names its folder `<dir>/beam-temp-<last component>-<uuid1>`
+    and deletes it in its finalize step; one that exists after the job ended
+    was written by a write bundle dask ran again after that step (item 6 of
+    the module docstring). Folders older than the job (by their uuid1's
+    clock, less `CLOCK_SKEW_S`) belong to other jobs and are kept.
+    """
+    from apache_beam.io.filesystems import FileSystems
+    removed = []
+    for sink in sinks:
+        prefix = sink.file_path_prefix
+        prefix = prefix.get() if hasattr(prefix, "get") else prefix
+        base, last = FileSystems.split(prefix)
+        if "://" not in base:  # a local folder (matching lists files only, not empty folders)
+            import glob
+            folders = set(glob.glob(os.path.join(glob.escape(base), f"beam-temp-{last}-*")))
+        else:
+            try:
+                found = [m.path for r in FileSystems.match([FileSystems.join(
+                    base, f"beam-temp-{last}-**")]) for m in r.metadata_list]
+            except Exception:  # nothing matched, or a store that cannot list
+                continue
+            folders = {FileSystems.join(base, p[len(base):].lstrip("/").split("/")[0])
+                       for p in found}
+        for folder in sorted(folders):
+            name = FileSystems.split(folder)[1]
+            try:
+                stamp = (uuid.UUID(hex=name.rsplit("-", 1)[1]).time - _UUID1_EPOCH) / 1e7
+            except (ValueError, IndexError):
+                continue
+            if stamp >= started - CLOCK_SKEW_S:
+                try:
+                    FileSystems.delete([folder])
+                except OSError:  # already gone
+                    continue
+                removed.append(folder)
+    if removed:
+        logging.getLogger(__name__).info(
+            "removed %d temporary folder(s) of write bundles dask ran again after their "
+            "sink's finalize step: %s", len(removed), ", ".join(removed))
+    return removed
 
 
 def _submit(client, bags: Sequence) -> list:

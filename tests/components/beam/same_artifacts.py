@@ -67,5 +67,6 @@ def assert_same(a_uri: str, b_uri: str, vocab_a: str, vocab_b: str, atol: float 
         with open(os.path.join(vocab_a, name)) as fa, open(os.path.join(vocab_b, name)) as fb:
             assert fa.read() == fb.read(), name
     assert dead_letters(a_uri) == dead_letters(b_uri)
-    assert leftovers(a_uri) == [] and leftovers(b_uri) == []
+    assert leftovers(a_uri) == [], leftovers(a_uri)
+    assert leftovers(b_uri) == [], leftovers(b_uri)
     return n

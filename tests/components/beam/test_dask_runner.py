@@ -148,6 +148,37 @@ def test_every_sink_runs_and_is_finalized(cluster, tmp_path):
     assert _text(str(adapted / "b")) == ["x", "y"]
 
 
+def _uuid1_at(seconds: float) -> str:
+    """The hex of a uuid1 whose timestamp is `seconds` (Unix time)."""
+    t = int(seconds * 1e7) + 0x01B21DD213814000
+    return uuid.UUID(fields=(t & 0xFFFFFFFF, (t >> 32) & 0xFFFF, ((t >> 48) & 0x0FFF) | 0x1000,
+                             0x80, 0, 1)).hex
+
+
+def _leave_temp_folder(folder):
+    # What a write bundle that dask ran again after the finalize step leaves:
+    # a `beam-temp-<name>-<uuid1>` folder of this job that nobody deletes.
+    path = os.path.join(folder, f"beam-temp-a-{uuid.uuid1().hex}")
+    os.makedirs(path)
+    open(os.path.join(path, uuid.uuid4().hex), "w").close()
+
+
+def test_temporary_folders_a_rerun_bundle_leaves_are_removed_older_ones_kept(cluster, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    older = out / f"beam-temp-a-{_uuid1_at(time.time() - 3600)}"  # another job's, an hour ago
+    older.mkdir()
+
+    def build(p):
+        _ = p | "Text" >> beam.Create(["a", "b"]) | beam.io.WriteToText(
+            str(out / "a"), shard_name_template="")
+        _ = p | "Late" >> beam.Create([0]) | beam.Map(lambda _: _leave_temp_folder(str(out)))
+
+    run(ADAPTER, cluster.scheduler_address, build)
+    assert sorted(os.listdir(out)) == sorted(["a", older.name])
+    assert _text(str(out / "a")) == ["a", "b"]
+
+
 class Mark(beam.DoFn):
     """Leaves a file each time it runs (to count how often a side input is computed)."""
 
