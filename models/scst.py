@@ -14,6 +14,11 @@ captions are sampled and scored outside the gradient (`sample_and_reward`);
 only the teacher-forced pass over them (`policy_loss_terms`) is
 differentiated. Both run in inference mode (no dropout, hard attention per
 `hard_inference`), so the gradient is that of the policy that sampled.
+
+The attention anchor (`attention_kl`) adds, per sampled word, the KL
+divergence from the start model's attention map to the model's, both read
+teacher-forced on the same sampled caption: a penalty for looking elsewhere
+than the cross-entropy model did while saying the same words.
 """
 from __future__ import annotations
 
@@ -65,7 +70,44 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
             "advantage": reward - values, "greedy_reward": greedy_reward}
 
 
-def policy_loss_terms(model, annotations, tokens, advantage) -> dict:
+# Attention weights below this are raised to it inside the KL's logarithms.
+KL_FLOOR = 1e-8
+
+
+def teacher_forced_attention(model, annotations, tokens):
+    """(batch * K, T, L) float32: `model`'s attention along each sampled caption, teacher-forced.
+
+    Args:
+      model: a built `ShowAttendTell` (the start model of the attention anchor).
+      annotations: (batch, L, D).
+      tokens: (batch, K, T) sampled captions.
+    """
+    shape = tf.shape(tokens)
+    batch, k, steps = shape[0], shape[1], shape[2]
+    targets = tf.reshape(tf.cast(tokens, tf.int32), [batch * k, steps])
+    inputs = tf.concat([tf.fill([batch * k, 1], START_ID), targets[:, :-1]], axis=1)
+    out = model.teacher_forced(tf.repeat(annotations, k, axis=0), inputs, training=False)
+    return tf.stop_gradient(tf.cast(out["alpha"], tf.float32))
+
+
+def attention_kl(anchor_alpha, alpha, targets):
+    """Per-word KL(anchor || alpha) over the regions, 0 at padding.
+
+    Args:
+      anchor_alpha: (N, T, L) the start model's attention (a constant).
+      alpha: (N, T, L) the model's attention.
+      targets: (N, T) int the words the maps belong to (`<pad>` masked).
+    Returns:
+      (N, T) float32 `sum_l a_l (log a_l - log alpha_l)`.
+    """
+    p = tf.cast(anchor_alpha, tf.float32)
+    q = tf.cast(alpha, tf.float32)
+    kl = tf.reduce_sum(p * (tf.math.log(tf.maximum(p, KL_FLOOR))
+                            - tf.math.log(tf.maximum(q, KL_FLOOR))), axis=-1)
+    return kl * losses.step_mask(targets)
+
+
+def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None) -> dict:
     """The differentiable part: the advantage-weighted log-likelihood of the samples.
 
     Args:
@@ -73,12 +115,15 @@ def policy_loss_terms(model, annotations, tokens, advantage) -> dict:
       annotations: (batch, L, D).
       tokens: (batch, K, T) sampled captions (from `sample_and_reward`).
       advantage: (batch, K) float32, treated as a constant.
+      anchor_alpha: (batch * K, T, L) the start model's attention on the
+        same captions (`teacher_forced_attention`), or None (no anchor).
     Returns:
       dict of float32 scalars (sums, so that replicas can share one
       denominator): `policy_sum` = `sum -advantage * log p(w)` over the
       sampled words (`<end>` included), `sample_tokens` (their count),
       `nll_sum` (`-log p(w)` summed), `entropy_sum` (the entropy of each
-      step's word distribution, summed over those steps).
+      step's word distribution, summed over those steps), `attention_kl_sum`
+      (`attention_kl` summed over the sampled words; 0 without an anchor).
     """
     shape = tf.shape(tokens)
     batch, k, steps = shape[0], shape[1], shape[2]
@@ -90,7 +135,10 @@ def policy_loss_terms(model, annotations, tokens, advantage) -> dict:
     weight = tf.reshape(tf.stop_gradient(tf.cast(advantage, tf.float32)), [batch * k, 1])
     log_probs = tf.nn.log_softmax(tf.cast(out["logits"], tf.float32), axis=-1)
     entropy = -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1)         # (bK, T)
+    kl_sum = (tf.reduce_sum(attention_kl(anchor_alpha, out["alpha"], targets))
+              if anchor_alpha is not None else tf.zeros(()))
     return {"policy_sum": tf.reduce_sum(weight * nll),
             "sample_tokens": tf.reduce_sum(step_mask),
             "nll_sum": tf.reduce_sum(nll),
-            "entropy_sum": tf.stop_gradient(tf.reduce_sum(entropy * step_mask))}
+            "entropy_sum": tf.stop_gradient(tf.reduce_sum(entropy * step_mask)),
+            "attention_kl_sum": kl_sum}

@@ -108,6 +108,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"{scorer.num_documents} training images, {scorer.num_keys} n-grams), "
                 f"captions up to {max_length} words, learning rate "
                 f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
+                f"attention anchor weight {tcfg.scst_attention_kl:g}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
                 f"early stopping on val CIDEr")
     return Phase(
@@ -115,7 +116,10 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         make_optimizer=functools.partial(_make_optimizer, tcfg),
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
-                                    max_length=max_length),
+                                    max_length=max_length,
+                                    make_anchor=functools.partial(
+                                        _make_anchor, config=config, inputs=setup.inputs,
+                                        start=start)),
         announce=(announce,) if role.is_chief else (),
         write_summaries=functools.partial(_write_summaries, tcfg=tcfg),
         progress=f"Trainer ({PHASE_DIR})", stopped="self-critical phase stopped",
@@ -149,13 +153,35 @@ def _init_weights(model, chief: bool, say, *, start: str) -> None:
     say(f"SCST starts from {start}")
 
 
-def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_length: int):
+def _make_anchor(strategy, *, config, inputs, start: str):
+    """The frozen start model whose attention anchors SCST's (`train.scst_attention_kl`).
+
+    Built in the strategy's scope and loaded from `start` on every worker (a
+    resumed phase's model holds its checkpoint's weights, not the start's).
+    """
+    from components.trainer.model_setup import build_model, load_weights
+    if not os.path.exists(start):
+        raise FileNotFoundError(
+            f"train.scst_attention_kl > 0 reads the start model {start} on every worker, "
+            "and this worker cannot: put the pipeline root on storage all workers share")
+    with strategy.scope():
+        anchor = build_model(config.model, inputs.vocab_size, inputs.grid_shape,
+                             seed=config.train.seed, steps_per_epoch=inputs.steps_per_epoch)
+    load_weights(anchor, start)
+    anchor.trainable = False
+    return anchor
+
+
+def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_length: int,
+               make_anchor):
     """`run_step(batch, step)`: the self-critical step, sampling seeded by `(train.seed, step)`."""
     import tensorflow as tf
 
     from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    anchor = make_anchor(strategy) if tcfg.scst_attention_kl > 0 else None
     step_fn = make_scst_step(strategy, model, optimizer, scorer,
-                             ScstStepOptions.from_config(tcfg, max_length), element_spec)
+                             ScstStepOptions.from_config(tcfg, max_length), element_spec,
+                             anchor=anchor)
 
     def run_step(batch, step: int) -> dict:
         seed = tf.constant([tcfg.seed, step], tf.int64)
@@ -168,7 +194,8 @@ def _write_summaries(writer, step: int, out: dict, *, model, optimizer, timing, 
     """The `scst/*` scalars of one step."""
     summaries.write_scst_summaries(
         writer, step, out, optimizer, throughput=timing.throughput(),
-        greedy_baseline=tcfg.scst_baseline == "greedy", xe_weight=tcfg.scst_xe_weight)
+        greedy_baseline=tcfg.scst_baseline == "greedy", xe_weight=tcfg.scst_xe_weight,
+        attention_kl=tcfg.scst_attention_kl)
 
 
 def _no_warmup(model) -> int:
@@ -195,6 +222,7 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "best_epoch": int(state.best_epoch.numpy()), "samples": tcfg.scst_samples,
         "start_cider": read_start_record(phase_dir).get("start_cider"),
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
+        "attention_kl": tcfg.scst_attention_kl,
         "learning_rate": tcfg.scst_learning_rate, "max_length": max_length,
         "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,
         "final_reward": (final["reward_sum"] / max(final["samples"], 1.0)

@@ -6,7 +6,11 @@ the baseline is the greedy caption's reward or the mean of the other samples
 advantage-weighted negative log-likelihood of the sampled words, divided by
 the sampled words of all replicas, plus `train.scst_xe_weight` times the
 cross-entropy loss of one reference caption per image (weighted as in
-components/trainer/step.py). Gradients are all-reduced, clipped and applied by
+components/trainer/step.py), plus `train.scst_attention_kl` times the
+attention anchor: the KL divergence from the start model's attention map to
+the model's at each sampled word, divided by the same word count (the start
+model is a frozen copy read teacher-forced on the samples, outside the
+gradient tape). Gradients are all-reduced, clipped and applied by
 `step.make_apply`. The sampling seed is `(train.seed, step)` folded with the
 replica id: a resumed run samples what the interrupted one would have.
 """
@@ -17,7 +21,7 @@ from typing import Callable
 
 SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_sum",
             "reward_sum", "baseline_sum", "greedy_reward_sum", "positive_advantage",
-            "samples", "examples", "nll_sum", "num_tokens")
+            "samples", "examples", "nll_sum", "num_tokens", "attention_kl_sum")
 MEAN_KEYS = ("grad_norm", "loss_scale")
 
 
@@ -32,6 +36,7 @@ class ScstStepOptions:
       max_length: most words per sampled caption.
       baseline: `"greedy"` or `"mean"`.
       xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
+      attention_kl: weight of the attention anchor (0 = none).
     """
     clip_norm: float
     global_batch_size: int
@@ -39,13 +44,15 @@ class ScstStepOptions:
     max_length: int
     baseline: str = "greedy"
     xe_weight: float = 0.0
+    attention_kl: float = 0.0
 
     @classmethod
     def from_config(cls, tcfg, max_length: int) -> "ScstStepOptions":
         """The options of the `train` section, with the phase's caption length."""
         return cls(clip_norm=tcfg.clip_norm, global_batch_size=tcfg.batch_size,
                    num_samples=tcfg.scst_samples, max_length=max_length,
-                   baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight)
+                   baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight,
+                   attention_kl=tcfg.scst_attention_kl)
 
 
 def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size: int):
@@ -64,7 +71,7 @@ def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size:
 
 
 def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
-                   element_spec) -> Callable:
+                   element_spec, anchor=None) -> Callable:
     """`step(per_replica_batch, seed) -> dict of float scalars` for self-critical training.
 
     Args:
@@ -75,6 +82,8 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
       options: the `ScstStepOptions`.
       element_spec: the distributed dataset's `element_spec`; batches hold
         `annotations`, `tokens` (one reference) and `references` (all).
+      anchor: the frozen start model whose attention anchors the model's
+        (needed when `options.attention_kl` > 0).
     Returns:
       A `tf.function` of `(batch, seed)`, `seed` an int64 (2,) tensor; its
       result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.
@@ -84,7 +93,9 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
     from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
     from models.text import PAD_ID
-    num_samples, xe_weight = options.num_samples, options.xe_weight
+    num_samples, xe_weight, kl_weight = options.num_samples, options.xe_weight, options.attention_kl
+    if kl_weight > 0 and anchor is None:
+        raise ValueError("attention_kl > 0 needs the start model as `anchor`")
     replicas = strategy.num_replicas_in_sync
     variables = model.trainable_variables
     apply = make_apply(strategy, model, optimizer, options.clip_norm)
@@ -105,10 +116,14 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         counts = tf.stack([local_words, local_tokens])
         global_words, global_tokens = tf.unstack(
             ctx.all_reduce(SUM, counts) if replicas > 1 else counts)
+        anchor_alpha = (scst.teacher_forced_attention(anchor, annotations, sampled["tokens"])
+                        if kl_weight > 0 else None)
         with tf.GradientTape() as tape:
             terms = scst.policy_loss_terms(model, annotations, sampled["tokens"],
-                                           sampled["advantage"])
+                                           sampled["advantage"], anchor_alpha)
             loss = terms["policy_sum"] / tf.maximum(global_words, 1.0)
+            if kl_weight > 0:
+                loss += kl_weight * terms["attention_kl_sum"] / tf.maximum(global_words, 1.0)
             nll_sum, num_tokens = tf.zeros(()), local_tokens
             if xe_weight > 0:
                 xe_loss, nll_sum = _mixed_xe_loss(model, annotations, tokens, global_tokens,
@@ -129,6 +144,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
                "positive_advantage": tf.reduce_sum(tf.cast(sampled["advantage"] > 0, tf.float32)),
                "samples": images * float(num_samples), "examples": images,
                "nll_sum": nll_sum, "num_tokens": num_tokens,
+               "attention_kl_sum": terms["attention_kl_sum"],
                "grad_norm": norm, "loss_scale": scale}
         return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
                 tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))

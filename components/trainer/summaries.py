@@ -69,7 +69,8 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
 
 
 def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput: float,
-                         greedy_baseline: bool, xe_weight: float) -> None:
+                         greedy_baseline: bool, xe_weight: float,
+                         attention_kl: float = 0.0) -> None:
     """The `scst/*` scalars of one self-critical step.
 
     Args:
@@ -80,6 +81,7 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
       throughput: examples per second so far.
       greedy_baseline: `train.scst_baseline=greedy`: also the greedy captions' reward.
       xe_weight: `train.scst_xe_weight`; above 0 also the mixed-in cross-entropy's NLL.
+      attention_kl: `train.scst_attention_kl`; above 0 also the anchor's mean KL per word.
     """
     samples = max(out["samples"], 1.0)
     words = max(out["sample_tokens"], 1.0)
@@ -99,4 +101,6 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
         values["scst/greedy_reward"] = out["greedy_reward_sum"] / max(out["examples"], 1.0)
     if xe_weight > 0:
         values["scst/xe_nll"] = out["nll_sum"] / max(out["num_tokens"], 1.0)
+    if attention_kl > 0:
+        values["scst/attention_kl"] = out["attention_kl_sum"] / words
     write_scalars(writer, values, step)

@@ -106,3 +106,43 @@ def test_a_step_on_a_rewarded_sample_makes_it_likelier(attention):
     optimizer.apply_gradients([(g, v) for g, v in zip(grads, model.trainable_variables, strict=True)
                                if g is not None])
     assert nll() < before
+
+
+def _numpy_kl(p, q, targets):
+    """The reference: per-word KL(p || q) in float64, 0 at `<pad>`."""
+    p64, q64 = p.astype(np.float64), q.astype(np.float64)
+    terms = np.where(p64 > 0, p64 * (np.log(np.maximum(p64, 1e-8)) - np.log(np.maximum(q64, 1e-8))),
+                     0.0)
+    return terms.sum(-1) * (targets != PAD_ID)
+
+
+def test_attention_kl_matches_a_reference_and_is_zero_for_equal_maps():
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(6), size=(3, 4)).astype(np.float32)
+    q = rng.dirichlet(np.ones(6), size=(3, 4)).astype(np.float32)
+    p[0, 0] = [1, 0, 0, 0, 0, 0]  # a one-hot map (zeros in the anchor contribute nothing)
+    targets = np.array([[5, 6, 2, 0], [7, 2, 0, 0], [4, 4, 4, 2]], np.int32)
+    got = scst.attention_kl(p, q, targets).numpy()
+    np.testing.assert_allclose(got, _numpy_kl(p, q, targets), rtol=1e-5, atol=1e-6)
+    assert got[0, 3] == 0.0 and got[1, 2] == 0.0 and (got[targets != PAD_ID] > 0).all()
+    np.testing.assert_allclose(scst.attention_kl(p, p, targets).numpy(), 0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_anchor_term_is_the_kl_to_the_start_models_attention(attention):
+    model, start = make_model(attention, seed=3), make_model(attention, seed=4)
+    a = annotations(batch=2)
+    tokens = np.array([[[5, 6, 2, 0], [9, 2, 0, 0]], [[7, 2, 0, 0], [4, 4, 2, 0]]], np.int32)
+    anchor = scst.teacher_forced_attention(start, a, tokens)
+    assert anchor.shape == (4, 4, a.shape[1])
+    terms = scst.policy_loss_terms(model, a, tokens, np.ones((2, 2), np.float32), anchor)
+    mine = scst.teacher_forced_attention(model, a, tokens).numpy()
+    targets = tokens.reshape(4, 4)
+    expected = _numpy_kl(anchor.numpy(), mine, targets).sum()
+    np.testing.assert_allclose(float(terms["attention_kl_sum"]), expected, rtol=1e-4)
+    assert expected > 0
+    same = scst.policy_loss_terms(model, a, tokens, np.ones((2, 2), np.float32),
+                                  scst.teacher_forced_attention(model, a, tokens))
+    assert abs(float(same["attention_kl_sum"])) < 1e-4
+    assert float(scst.policy_loss_terms(model, a, tokens, np.ones((2, 2), np.float32))
+                 ["attention_kl_sum"]) == 0.0

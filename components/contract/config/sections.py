@@ -152,6 +152,7 @@ class TrainConfig:
     scst_samples: int = 5              # scst: captions sampled per image and step
     scst_baseline: str = "greedy"      # scst: greedy (the reward of the greedy caption) | mean (of the image's other samples)
     scst_xe_weight: float = 0.0        # scst: weight of the cross-entropy loss mixed into the self-critical loss
+    scst_attention_kl: float = 0.0     # scst: weight of the attention anchor, the KL from the start model's attention map to the model's per sampled word (docs/scst.md)
     scst_max_length: int = 0           # scst: longest sampled caption in words (0 = the longest training reference + 1)
     scst_require_converged: bool = True  # scst: refuse to start from a model whose val_loss still fell >= 1% in its last epoch
 

@@ -73,6 +73,10 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
         raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
                           "train.scst_epochs >= 1")
+    if not (tcfg.scst_attention_kl >= 0 and tcfg.scst_xe_weight >= 0):  # NaN fails too
+        raise ConfigError(f"train.scst_attention_kl={tcfg.scst_attention_kl} and "
+                          f"train.scst_xe_weight={tcfg.scst_xe_weight} are loss weights: "
+                          "use 0 (off) or a positive number")
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")

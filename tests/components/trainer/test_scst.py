@@ -123,7 +123,10 @@ class _Interrupted(Exception):
 
 
 def test_interrupted_scst_resumes_from_its_checkpoint(source, tmp_path, capfd, monkeypatch):
+    # With the attention anchor: the resumed phase anchors on the start model,
+    # not on the checkpoint it resumes from.
     from components.trainer.loop import TrainingLoop
+    anchored = _config(**SCST, scst_attention_kl=0.5, log_every=1)
     end_epoch = TrainingLoop._end_epoch
 
     def end_then_die(self, epoch, epoch_start):
@@ -134,16 +137,21 @@ def test_interrupted_scst_resumes_from_its_checkpoint(source, tmp_path, capfd, m
 
     monkeypatch.setattr(TrainingLoop, "_end_epoch", end_then_die)
     with pytest.raises(_Interrupted):
-        trainer.run(_ctx(source, str(tmp_path), _config(**SCST)))
+        trainer.run(_ctx(source, str(tmp_path), anchored))
     monkeypatch.undo()
     capfd.readouterr()
-    props = trainer.run(_ctx(source, str(tmp_path), _config(**SCST)))["model"]["properties"]
+    ctx = _ctx(source, str(tmp_path), anchored)
+    props = trainer.run(ctx)["model"]["properties"]
     log = capfd.readouterr().err
     assert "training finished in an earlier attempt" in log        # the cross-entropy phase
     assert "resuming from step 4" in log                           # the SCST phase
     assert "converged" not in log                                  # checked only at the start
     assert props["steps"] == 8 and props["resumed_from_step"] == 4
     assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "xe", "scst", "scst"]
+    assert props["scst"]["attention_kl"] == 0.5 and "attention anchor weight 0.5" in log
+    kl = dict(_events(os.path.join(ctx.outputs["model"], "logs"))["scst/attention_kl"])
+    assert kl[1] == pytest.approx(0.0, abs=1e-5)   # the first step: the model is the start model
+    assert kl[5] > 1e-4                            # resumed: 4 steps away from the start
 
 
 def _references():
@@ -153,13 +161,15 @@ def _references():
     return refs, CiderD.from_references(words, 20)
 
 
-def _scst_step(model, batch, scorer, baseline="greedy", xe_weight=0.0, learning_rate=0.05):
+def _scst_step(model, batch, scorer, baseline="greedy", xe_weight=0.0, learning_rate=0.05,
+               attention_kl=0.0, anchor=None):
     optimizer = keras.optimizers.Adam(learning_rate)
     optimizer.build(model.trainable_variables)
     spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
     options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=4, max_length=5,
-                              baseline=baseline, xe_weight=xe_weight)
-    return make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options, spec)
+                              baseline=baseline, xe_weight=xe_weight, attention_kl=attention_kl)
+    return make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options, spec,
+                          anchor=anchor)
 
 
 @pytest.mark.parametrize("attention,baseline", [("soft", "greedy"), ("hard", "mean")])
@@ -197,6 +207,44 @@ def test_the_mixed_in_cross_entropy_changes_the_update():
         assert (float(out["num_tokens"]) > 0) and ((float(out["nll_sum"]) > 0) == (weight > 0))
         digests.append(checkpointing.weights_digest(model))
     assert digests[0] != digests[1]
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_attention_anchor_keeps_the_maps_near_the_start_models(attention):
+    from models import scst as scst_terms
+    refs, scorer = _references()
+    a = annotations(seed=3, batch=2)
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(refs[:, 0]),
+             "references": tf.constant(refs)}
+    probe = tf.constant(refs[:, :1, 1:])  # the first references, as if sampled
+
+    def drift(weight):
+        model = make_model(attention, seed=0, dropout=0.0)
+        start = make_model(attention, seed=0, dropout=0.0)
+        start.set_weights(model.get_weights())
+        start.trainable = False
+        step = _scst_step(model, batch, scorer, attention_kl=weight,
+                          anchor=start if weight > 0 else None)
+        outs = [step(batch, tf.constant([0, i], tf.int64)) for i in range(30)]
+        kl = scst_terms.policy_loss_terms(
+            model, a, probe, np.ones((2, 1), np.float32),
+            scst_terms.teacher_forced_attention(start, a, probe))["attention_kl_sum"]
+        return float(kl), outs
+
+    free, free_outs = drift(0.0)
+    anchored, outs = drift(1.0)
+    assert float(outs[0]["attention_kl_sum"]) == pytest.approx(0.0, abs=1e-5)  # starts equal
+    assert float(free_outs[-1]["attention_kl_sum"]) == 0.0  # not computed without the anchor
+    assert float(outs[-1]["attention_kl_sum"]) > 0.0
+    assert anchored < 0.5 * free, (anchored, free)
+
+
+def test_the_anchor_weight_needs_the_start_model():
+    refs, scorer = _references()
+    batch = {"annotations": tf.constant(annotations(seed=3, batch=2)),
+             "tokens": tf.constant(refs[:, 0]), "references": tf.constant(refs)}
+    with pytest.raises(ValueError, match="anchor"):
+        _scst_step(make_model("soft", seed=0), batch, scorer, attention_kl=1.0)
 
 
 @pytest.mark.slow

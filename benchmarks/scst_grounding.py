@@ -1,0 +1,151 @@
+"""Self-critical training with and without the attention anchor, against cross-entropy.
+
+    python benchmarks/scst_grounding.py --config scenes --root /tmp/runs/ground \
+        --attention soft,hard --seeds 0,1,2 --anchor-weights 1.0
+
+The data stages run once (`<root>/data`, `--stages
+ExampleGen,EncoderTrainer,Preprocess`). For each attention and training seed
+a copy of that root (roots are relocatable, so a copy reuses every
+artifact) trains the cross-entropy model (`train.objective=xe`; the
+Evaluator scores it, the Pusher pushes it). That root is then copied once
+per SCST variant, and in each copy a run fine-tunes that
+Model with SCST (`train.init_model`): plain (`train.scst_attention_kl=0`)
+and anchored at each `--anchor-weights` value. So every SCST model's
+Evaluator compares it with the same cross-entropy model, on the same test
+images, with its paired bootstrap (the interval of each difference).
+
+Prints one JSON line per run and a last line with the CPU; records
+everything with `write_result("scst_grounding", ...)`. Targets: CIDEr at
+least +15% over cross-entropy, and the intervals of the grounding and
+size-accuracy differences reaching zero or above.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.results import write_result  # noqa: E402
+from benchmarks.train_step import cpu_has_bf16, cpu_model  # noqa: E402
+
+METRICS = ("CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
+           "relation_accuracy", "size_accuracy", "dangling_ending_rate")
+
+
+def _run(root: str, config: str, overrides: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root]
+    for item in overrides:
+        cmd += ["--set", item]
+    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    started = time.time()
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    with open(os.path.join(root, "run_summary.json")) as f:
+        summary = json.load(f)
+    summary["wall_seconds"] = round(time.time() - started, 1)
+    return summary
+
+
+def _run_data(root: str, config: str, extra: list[str]) -> None:
+    """The data stages, once for every run (their artifacts do not depend on the decoder)."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root,
+           "--stages", "ExampleGen,EncoderTrainer,Preprocess"]
+    for item in extra:
+        cmd += ["--set", item]
+    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def _properties(summary: dict, stage: str, output: str) -> dict:
+    with open(os.path.join(summary["stages"][stage]["outputs"][output], "artifact.json")) as f:
+        return json.load(f)["properties"]
+
+
+def _record(summary: dict) -> dict:
+    """Metrics, the Evaluator's comparison with the pushed model, the Trainer's cost."""
+    evaluation = _properties(summary, "Evaluator", "evaluation")
+    model = _properties(summary, "Trainer", "model")
+    comparison = evaluation.get("comparison") or {}
+    scst = model.get("scst") or {}
+    return {
+        "metrics": {k: evaluation["metrics"].get(k) for k in METRICS},
+        "versus_xe": {k: {"difference": v.get("difference"), "interval": v.get("interval"),
+                          "relative": v.get("relative")}
+                      for k, v in comparison.items() if k in METRICS and isinstance(v, dict)},
+        "trainer_seconds": summary["stages"]["Trainer"].get("seconds"),
+        "steps": model.get("steps"), "best_epoch": scst.get("best_epoch"),
+        "epochs": scst.get("epochs"), "start_cider": scst.get("start_cider"),
+        "best_val_cider": scst.get("best_cider"),
+        "model": summary["stages"]["Trainer"]["outputs"]["model"],
+    }
+
+
+def _targets(record: dict) -> dict:
+    vs = record["versus_xe"]
+
+    def reaches_zero(metric):
+        interval = (vs.get(metric) or {}).get("interval")
+        return None if not interval or interval[1] is None else interval[1] >= 0
+
+    return {"cider_plus_15pct": ((vs.get("CIDEr") or {}).get("relative") or 0) >= 0.15,
+            "grounding_not_lower": reaches_zero("grounding"),
+            "grounding_noun_not_lower": reaches_zero("grounding_noun")}
+
+
+def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
+             extra: list[str]) -> dict:
+    base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
+    xe_root = os.path.join(root, f"{attention}-seed{seed}", "xe")
+    if not os.path.exists(xe_root):
+        shutil.copytree(os.path.join(root, "data"), xe_root)
+    xe = _run(xe_root, config, base + ["train.objective=xe"])
+    xe_model = xe["stages"]["Trainer"]["outputs"]["model"]
+    out = {"attention": attention, "seed": seed, "xe": _record(xe), "scst": {}}
+    for weight in [0.0] + weights:
+        name = "plain" if weight == 0 else f"anchor{weight:g}"
+        copy = os.path.join(root, f"{attention}-seed{seed}", name)
+        if not os.path.exists(copy):
+            shutil.copytree(xe_root, copy)
+        model = os.path.join(copy, os.path.relpath(xe_model, xe_root))
+        run = _run(copy, config, base + ["train.objective=scst", f"train.init_model={model}",
+                                         f"train.scst_attention_kl={weight:g}"])
+        record = _record(run)
+        record["attention_kl"] = weight
+        record["targets"] = _targets(record)
+        out["scst"][name] = record
+        print(json.dumps({"attention": attention, "seed": seed, "variant": name, **record}),
+              flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="scenes")
+    p.add_argument("--root", required=True, help="a folder for the roots (created; reused)")
+    p.add_argument("--attention", default="soft,hard", help="comma-separated: soft, hard")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated train.seed values")
+    p.add_argument("--anchor-weights", default="1.0",
+                   help="comma-separated train.scst_attention_kl values to compare with plain SCST")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                   help="config overrides for every run")
+    args = p.parse_args(argv)
+    weights = [float(w) for w in args.anchor_weights.split(",") if w.strip()]
+    _run_data(os.path.join(args.root, "data"), args.config, args.overrides)
+    runs = []
+    for attention in [a.strip() for a in args.attention.split(",") if a.strip()]:
+        for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
+            runs.append(one_seed(args.root, args.config, attention, seed, weights,
+                                 args.overrides))
+    print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
+    write_result("scst_grounding", {"config": args.config, "runs": runs}, argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
