@@ -289,6 +289,8 @@ class TrainingLoop:
         stop_reason = ""
         if self.validator is not None and int(state.bad_epochs.numpy()) >= patience:
             stop_reason = (f"early stopping: {self.metric} did not improve "
+                           f"by more than train.min_delta={self.tcfg.min_delta:g}"
+                           f"{' (relative)' if self.metric == 'val_loss' else ''} "
                            f"for {patience} epochs")
         state.train_seconds.assign_add(self.timing.lap())
         if stop_reason:
@@ -301,7 +303,7 @@ class TrainingLoop:
         state, metric = self.state, self.metric
         if int(state.step.numpy()) <= self.selection_start:
             return " (expected-alpha warmup: not a best-model candidate)"
-        if improved(metric, value, float(state.best_metric.numpy())):
+        if improved(metric, value, float(state.best_metric.numpy()), self.tcfg.min_delta):
             previous = float(state.best_metric.numpy())
             self._last_gain = None if math.isnan(previous) else value - previous
             state.best_metric.assign(value)

@@ -17,25 +17,26 @@ from models.text import decode
 # Validation images whose attention maps go to TensorBoard.
 ATTENTION_IMAGES = 2
 ATTENTION_TILE = 64
-# Smallest validation improvement that resets the early-stopping patience.
+# The default smallest validation improvement that counts (`train.min_delta`).
 MIN_DELTA = 1e-4
 
 
-def improved(metric: str, value: float, best: float) -> bool:
-    """Better by more than `MIN_DELTA` (relative for the loss, absolute for BLEU and CIDEr).
+def improved(metric: str, value: float, best: float, min_delta: float = MIN_DELTA) -> bool:
+    """Better by more than `min_delta` (relative for the loss, absolute for BLEU and CIDEr).
 
     Args:
       metric: `val_loss` (lower is better), `bleu4` or `cider`.
       value: this epoch's value.
       best: the best so far (NaN: none yet).
+      min_delta: `train.min_delta`.
     Returns:
-      Whether `value` is a new best.
+      Whether `value` is a new best (which also resets early stopping's patience).
     """
     if math.isnan(best):
         return True
     if metric == "val_loss":
-        return value < best - MIN_DELTA * abs(best)
-    return value > best + MIN_DELTA
+        return value < best - min_delta * abs(best)
+    return value > best + min_delta
 
 
 class Validator:

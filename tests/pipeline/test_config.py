@@ -94,6 +94,18 @@ def test_scst_settings_are_checked_together():
         config_lib.load_config("tiny", ["train.objective=scst", "train.scst_epochs=0"])
     config = config_lib.load_config("tiny", ["train.objective=scst"])
     assert (config.train.scst_baseline, config.train.scst_samples) == ("greedy", 5)
+    for key in ("train.scst_attention_kl", "train.scst_xe_weight"):
+        with pytest.raises(config_lib.ConfigError, match="loss weights: use 0"):
+            config_lib.load_config("tiny", [f"{key}=-0.5"])
+        with pytest.raises(config_lib.ConfigError, match="loss weights"):
+            config_lib.load_config("tiny", [f"{key}=nan"])
+    assert config_lib.load_config("tiny", ["train.scst_attention_kl=1"]).train.scst_attention_kl == 1
+
+
+def test_min_delta_must_not_be_negative():
+    with pytest.raises(config_lib.ConfigError, match="train.min_delta=-0.1"):
+        config_lib.load_config("tiny", ["train.min_delta=-0.1"])
+    assert config_lib.load_config("tiny", []).train.min_delta == 1e-4
 
 
 def test_threshold_metrics_are_the_evaluators():

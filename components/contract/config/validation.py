@@ -73,6 +73,9 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
         raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
                           "train.scst_epochs >= 1")
+    if not tcfg.min_delta >= 0:
+        raise ConfigError(f"train.min_delta={tcfg.min_delta}: the smallest gain that counts "
+                          "must be >= 0 (relative for val_loss, absolute for bleu4 and cider)")
     if not (tcfg.scst_attention_kl >= 0 and tcfg.scst_xe_weight >= 0):  # NaN fails too
         raise ConfigError(f"train.scst_attention_kl={tcfg.scst_attention_kl} and "
                           f"train.scst_xe_weight={tcfg.scst_xe_weight} are loss weights: "

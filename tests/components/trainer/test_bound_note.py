@@ -19,7 +19,8 @@ from pipeline.runner import StageContext
 from tests.components import trainer_worker
 
 
-def _loop(metric="val_loss", epochs=30, max_steps=0, epochs_key="train.epochs") -> TrainingLoop:
+def _loop(metric="val_loss", epochs=30, max_steps=0, epochs_key="train.epochs",
+          min_delta=1e-4) -> TrainingLoop:
     loop = object.__new__(TrainingLoop)   # only the state the best-model rule and note read
     loop.phase = Phase(name="xe", folder="", inputs=None, make_optimizer=lambda: None,
                        init_weights=lambda model, chief, say: None,
@@ -29,7 +30,7 @@ def _loop(metric="val_loss", epochs=30, max_steps=0, epochs_key="train.epochs") 
                        patience=3, first_candidate=lambda model: 0, epochs_key=epochs_key)
     loop.state, loop.validator, loop.selection_start = checkpointing.TrainState(), object(), 0
     loop.epochs, loop.metric, loop._last_gain = epochs, metric, None
-    loop.tcfg = TrainConfig(epochs=epochs, max_steps=max_steps)
+    loop.tcfg = TrainConfig(epochs=epochs, max_steps=max_steps, min_delta=min_delta)
     loop._save_best = lambda: None
     return loop
 
@@ -57,6 +58,20 @@ def test_no_note_when_the_metric_had_levelled_off_or_early_stopping_ended_it():
     assert loop._bound_note("4 epochs") == ""
     assert loop._bound_note("early stopping: val_loss did not improve for 3 epochs") == ""
     assert loop._bound_note("finished") == ""
+
+
+def test_min_delta_decides_which_gains_count():
+    # val_loss: relative to the best; bleu4 and cider: absolute.
+    loose = _loop(min_delta=0.05)
+    _epochs(loose, [1.00, 0.96, 0.90, 0.89])      # -4% does not count, -10% does, -1% does not
+    assert int(loose.state.best_epoch.numpy()) == 2 and int(loose.state.bad_epochs.numpy()) == 1
+    assert float(loose.state.best_metric.numpy()) == 0.90
+    cider = _loop(metric="cider", min_delta=0.02)
+    _epochs(cider, [0.50, 0.51, 0.53, 0.54])     # +0.01 no, +0.03 yes, +0.01 no
+    assert int(cider.state.best_epoch.numpy()) == 2 and int(cider.state.bad_epochs.numpy()) == 1
+    default = _loop()
+    _epochs(default, [1.00, 0.99995, 0.9])         # below the default 1e-4 relative: no gain
+    assert int(default.state.best_epoch.numpy()) == 2 and int(default.state.bad_epochs.numpy()) == 0
 
 
 def test_scst_and_max_steps_name_their_own_keys():
