@@ -71,13 +71,14 @@ def _record(summary: dict) -> dict:
     """Metrics, the Evaluator's comparison with the pushed model, the Trainer's cost."""
     evaluation = _properties(summary, "Evaluator", "evaluation")
     model = _properties(summary, "Trainer", "model")
-    comparison = evaluation.get("comparison") or {}
+    comparison = evaluation.get("comparison") or []  # one row per metric
     scst = model.get("scst") or {}
     return {
         "metrics": {k: evaluation["metrics"].get(k) for k in METRICS},
-        "versus_xe": {k: {"difference": v.get("difference"), "interval": v.get("interval"),
-                          "relative": v.get("relative")}
-                      for k, v in comparison.items() if k in METRICS and isinstance(v, dict)},
+        "versus_xe": {row["metric"]: {k: row.get(k) for k in ("baseline", "difference",
+                                                              "interval", "relative")}
+                      for row in comparison
+                      if row.get("metric") in METRICS and row.get("difference") is not None},
         "trainer_seconds": summary["stages"]["Trainer"].get("seconds"),
         "steps": model.get("steps"), "best_epoch": scst.get("best_epoch"),
         "epochs": scst.get("epochs"), "start_cider": scst.get("start_cider"),

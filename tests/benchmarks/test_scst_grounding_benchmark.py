@@ -1,0 +1,55 @@
+"""benchmarks/scst_grounding.py on tiny data: cross-entropy, then plain and anchored SCST from its Model."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.benchmarks import run_benchmark
+from tests.benchmarks.test_scst_benchmark import TINY
+
+
+def _artifact(model_dir: str) -> dict:
+    with open(os.path.join(model_dir, "artifact.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.slow
+def test_plain_and_anchored_scst_are_compared_with_the_same_cross_entropy_model(tmp_path):
+    root, results = tmp_path / "root", tmp_path / "results"
+    results.mkdir()
+    proc = run_benchmark("scst_grounding", ["--config", "tiny", "--root", root, "--attention",
+                                            "soft", "--seeds", "3", "--anchor-weights", "0.5"],
+                         results, TINY)
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 3, proc.stdout[-3000:]  # plain, anchored, then the host
+    plain, anchored, host = lines
+    assert set(host) == {"cpu", "bf16_native"}
+    assert (plain["variant"], anchored["variant"]) == ("plain", "anchor0.5")
+    assert (plain["attention_kl"], anchored["attention_kl"]) == (0.0, 0.5)
+
+    # Each SCST run is its own copy of the cross-entropy root, started from that root's Model.
+    xe_dir = os.path.join(root, "soft-seed3", "xe")
+    for out, name in ((plain, "plain"), (anchored, "anchor0.5")):
+        props = _artifact(out["model"])["properties"]
+        assert props["objective"] == "scst" and props["scst"]["attention_kl"] == out["attention_kl"]
+        copy = os.path.join(root, "soft-seed3", name)
+        assert out["model"].startswith(copy + os.sep)
+        start = props["scst"]["start"].replace("${root}", copy)
+        assert start.startswith(os.path.join(copy, "Trainer") + os.sep), start
+        # The Evaluator compared it with the cross-entropy model (pushed in the copied root).
+        # (one test image here: the grounding rates may have nothing to compare)
+        assert {"CIDEr", "Bleu_4", "METEOR"} <= set(out["versus_xe"])
+        cider = out["versus_xe"]["CIDEr"]
+        assert len(cider["interval"]) == 2 and cider["interval"][0] <= cider["difference"]
+        assert out["targets"]["cider_plus_15pct"] == ((cider["relative"] or 0) >= 0.15)
+    assert os.path.isdir(xe_dir)
+
+    [written] = os.listdir(results)
+    assert written.startswith("scst_grounding-")
+    with open(results / written) as f:
+        record = json.load(f)
+    [run] = record["figures"]["runs"]
+    assert run["seed"] == 3 and set(run["scst"]) == {"plain", "anchor0.5"}
+    assert run["xe"]["metrics"]["CIDEr"] is not None and run["xe"]["versus_xe"] == {}
