@@ -78,6 +78,7 @@ from benchmarks.report_training import (  # noqa: E402
     t_preprocess,
     t_readme_quality,
     t_scst,
+    t_scst_grounding,
     t_train_profile,
     t_train_step,
     t_train_throughput,
@@ -86,6 +87,7 @@ from benchmarks.report_training import (  # noqa: E402
 PERFORMANCE = os.path.join(_REPO, "docs", "PERFORMANCE.md")
 README = os.path.join(_REPO, "README.md")
 RECORDS = os.path.join(_REPO, "benchmarks", "results", "README.md")
+SCST = os.path.join(_REPO, "docs", "scst.md")
 _BLOCK_RE = re.compile(r"<!-- table:(?P<name>[a-z0-9_-]+):start[^>]*-->\n.*?<!-- table:(?P=name):end -->",
                        re.S)
 
@@ -165,6 +167,7 @@ TABLES: Dict[str, Callable[[Context], Rendered]] = {
     "decode-cpu-images": t_decode_cpu_images,
     "decode-cpu-fairness": t_decode_cpu_fairness,
     "scst": t_scst,
+    "scst-grounding": t_scst_grounding,
     "artifact-checks": t_artifact_checks,
     "blessing-noise": t_blessing_noise,
     "readme-quality": t_readme_quality,
@@ -235,9 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a document's tables differ from the records")
     parser.add_argument("--results-dir", default=RESULTS_DIR, help="the JSON records (default: %(default)s)")
-    parser.add_argument("docs", nargs="*", default=[PERFORMANCE, README, RECORDS],
+    parser.add_argument("docs", nargs="*", default=[PERFORMANCE, README, RECORDS, SCST],
                         help="the documents whose tables to regenerate (default: docs/PERFORMANCE.md, "
-                             "README.md, benchmarks/results/README.md)")
+                             "README.md, benchmarks/results/README.md, docs/scst.md)")
     args = parser.parse_args(argv)
     stale = []
     for path, (old, new) in render_files(args.docs, args.results_dir).items():

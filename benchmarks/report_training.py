@@ -351,3 +351,40 @@ def t_readme_quality(ctx: Context) -> Rendered:
     lines = table(["model", "Bleu_4", "METEOR", "CIDEr", "attribute_accuracy", "relation_accuracy", "grounding",
                    "grounding_noun"], rows)
     return lines + ["", "Blank: not recorded for that run."], [soft, hard]
+
+
+def _versus(record: Dict[str, Any], key: str, relative: bool = False) -> str:
+    """A metric's difference from cross-entropy with its 95% bootstrap interval."""
+    row = record["versus_xe"].get(key)
+    if not row or row.get("difference") is None:
+        return ""
+    low, high = row["interval"]
+    if relative:
+        base = row["baseline"]
+        return f"{row['difference'] / base * 100:+.1f}% [{low / base * 100:+.1f}, {high / base * 100:+.1f}]"
+    return f"{row['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def t_scst_grounding(ctx: Context) -> Rendered:
+    rec = ctx.latest("scst_grounding")
+    keys = ["CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
+            "relation_accuracy", "size_accuracy"]
+    rows = []
+    for run in rec.figures["runs"]:
+        label = f"{run['attention']}, seed {run['seed']}"
+        xe = run["xe"]
+        rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
+                     num(xe["trainer_seconds"], 0) or "(cached)"])
+        for r in sorted(run["scst"].values(), key=lambda r: r["attention_kl"]):
+            variant = "SCST" if not r["attention_kl"] else f"SCST + anchor {num(r['attention_kl'], 2)}"
+            m = r["metrics"]
+            rows.append([label, variant, f"{metric(m, 'CIDEr')} ({_versus(r, 'CIDEr', relative=True)})",
+                         metric(m, "Bleu_4"), metric(m, "METEOR"),
+                         f"{metric(m, 'grounding')} ({_versus(r, 'grounding')})",
+                         f"{metric(m, 'grounding_noun')} ({_versus(r, 'grounding_noun')})",
+                         metric(m, "attribute_accuracy"), metric(m, "relation_accuracy"),
+                         metric(m, "size_accuracy"),
+                         f"{num(r['trainer_seconds'], 0)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
+    lines = table(["attention, seed", "model", *keys, "Trainer s"], rows)
+    return lines + ["", "In parentheses: the difference from the cross-entropy model of the same run, "
+                        "with the Evaluator's 95% paired bootstrap interval over the test images."], [rec]
