@@ -366,11 +366,12 @@ def _versus(record: Dict[str, Any], key: str, relative: bool = False) -> str:
 
 
 def t_scst_grounding(ctx: Context) -> Rendered:
-    rec = ctx.latest("scst_grounding")
+    records = [ctx.latest(f"scst_grounding-{a}") for a in ("soft", "hard", "soft-hard")
+               if f"scst_grounding-{a}" in ctx.by_stem]
     keys = ["CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
             "relation_accuracy", "size_accuracy"]
     rows = []
-    for run in rec.figures["runs"]:
+    for run in [run for rec in records for run in rec.figures["runs"]]:
         label = f"{run['attention']}, seed {run['seed']}"
         xe = run["xe"]
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
@@ -387,4 +388,4 @@ def t_scst_grounding(ctx: Context) -> Rendered:
                          f"{num(r['trainer_seconds'], 0)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
     lines = table(["attention, seed", "model", *keys, "Trainer s"], rows)
     return lines + ["", "In parentheses: the difference from the cross-entropy model of the same run, "
-                        "with the Evaluator's 95% paired bootstrap interval over the test images."], [rec]
+                        "with the Evaluator's 95% paired bootstrap interval over the test images."], records

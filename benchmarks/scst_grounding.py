@@ -15,7 +15,8 @@ Evaluator compares it with the same cross-entropy model, on the same test
 images, with its paired bootstrap (the interval of each difference).
 
 Prints one JSON line per run and a last line with the CPU; records
-everything with `write_result("scst_grounding", ...)`. Targets: CIDEr at
+everything with `write_result("scst_grounding", ..., variant=<attentions>)`
+(`scst_grounding-soft-<date>-<host>.json`). Targets: CIDEr at
 least +15% over cross-entropy, and the intervals of the grounding and
 size-accuracy differences reaching zero or above.
 """
@@ -144,7 +145,9 @@ def main(argv=None) -> int:
             runs.append(one_seed(args.root, args.config, attention, seed, weights,
                                  args.overrides))
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
-    write_result("scst_grounding", {"config": args.config, "runs": runs}, argv=argv)
+    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    write_result("scst_grounding", {"config": args.config, "runs": runs}, argv=argv,
+                 variant="-".join(attentions))
     return 0
 
 

@@ -47,7 +47,7 @@ def test_plain_and_anchored_scst_are_compared_with_the_same_cross_entropy_model(
     assert os.path.isdir(xe_dir)
 
     [written] = os.listdir(results)
-    assert written.startswith("scst_grounding-")
+    assert written.startswith("scst_grounding-soft-")
     with open(results / written) as f:
         record = json.load(f)
     [run] = record["figures"]["runs"]
