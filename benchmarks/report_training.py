@@ -375,7 +375,7 @@ def t_scst_grounding(ctx: Context) -> Rendered:
         label = f"{run['attention']}, seed {run['seed']}"
         xe = run["xe"]
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
-                     num(xe["trainer_seconds"], 0) or "(cached)"])
+                     num(xe.get("seconds_per_step"), 3)])
         for r in sorted(run["scst"].values(), key=lambda r: r["attention_kl"]):
             variant = "SCST" if not r["attention_kl"] else f"SCST + anchor {num(r['attention_kl'], 2)}"
             m = r["metrics"]
@@ -385,7 +385,8 @@ def t_scst_grounding(ctx: Context) -> Rendered:
                          f"{metric(m, 'grounding_noun')} ({_versus(r, 'grounding_noun')})",
                          metric(m, "attribute_accuracy"), metric(m, "relation_accuracy"),
                          metric(m, "size_accuracy"),
-                         f"{num(r['trainer_seconds'], 0)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
-    lines = table(["attention, seed", "model", *keys, "Trainer s"], rows)
+                         f"{num(r.get('seconds_per_step'), 3)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
+    lines = table(["attention, seed", "model", *keys, "s/step (epochs)"], rows)
     return lines + ["", "In parentheses: the difference from the cross-entropy model of the same run, "
-                        "with the Evaluator's 95% paired bootstrap interval over the test images."], records
+                        "with the Evaluator's 95% paired bootstrap interval over the test images. s/step: "
+                        "training steps only (no validation), on a host shared with other jobs."], records

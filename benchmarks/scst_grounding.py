@@ -81,6 +81,10 @@ def _record(summary: dict) -> dict:
                       for row in comparison
                       if row.get("metric") in METRICS and row.get("difference") is not None},
         "trainer_seconds": summary["stages"]["Trainer"].get("seconds"),
+        # From the Model (also when the Trainer was cached): training steps only, no validation.
+        "train_seconds_total": model.get("train_seconds_total"),
+        "seconds_per_step": (round(model["train_seconds_total"] / model["steps"], 3)
+                             if model.get("train_seconds_total") and model.get("steps") else None),
         "steps": model.get("steps"), "best_epoch": scst.get("best_epoch"),
         "epochs": scst.get("epochs"), "start_cider": scst.get("start_cider"),
         "best_val_cider": scst.get("best_cider"),
