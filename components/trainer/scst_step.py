@@ -70,6 +70,20 @@ def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size:
     return loss, tf.reduce_sum(xe["example_nll"])
 
 
+def _step_outputs(loss, terms: dict, sampled: dict, num_samples: int, batch, **rest) -> dict:
+    """One replica's `SUM_KEYS` and `MEAN_KEYS` (`rest`: nll_sum, num_tokens, grad_norm, loss_scale)."""
+    import tensorflow as tf
+    images = tf.cast(batch, tf.float32)
+    return {"loss": loss, "policy_sum": terms["policy_sum"],
+            "sample_tokens": terms["sample_tokens"], "sample_nll_sum": terms["nll_sum"],
+            "entropy_sum": terms["entropy_sum"], "attention_kl_sum": terms["attention_kl_sum"],
+            "reward_sum": tf.reduce_sum(sampled["reward"]),
+            "baseline_sum": tf.reduce_sum(sampled["baseline"]),
+            "greedy_reward_sum": tf.reduce_sum(sampled["greedy_reward"]),
+            "positive_advantage": tf.reduce_sum(tf.cast(sampled["advantage"] > 0, tf.float32)),
+            "samples": images * float(num_samples), "examples": images, **rest}
+
+
 def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
                    element_spec, anchor=None) -> Callable:
     """`step(per_replica_batch, seed) -> dict of float scalars` for self-critical training.
@@ -134,18 +148,9 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         grads = [tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
                  for g, v in zip(grads, variables, strict=True)]
         norm, scale = apply(grads)
-        images = tf.cast(tf.shape(annotations)[0], tf.float32)
-        out = {"loss": loss, "policy_sum": terms["policy_sum"],
-               "sample_tokens": terms["sample_tokens"], "sample_nll_sum": terms["nll_sum"],
-               "entropy_sum": terms["entropy_sum"],
-               "reward_sum": tf.reduce_sum(sampled["reward"]),
-               "baseline_sum": tf.reduce_sum(sampled["baseline"]),
-               "greedy_reward_sum": tf.reduce_sum(sampled["greedy_reward"]),
-               "positive_advantage": tf.reduce_sum(tf.cast(sampled["advantage"] > 0, tf.float32)),
-               "samples": images * float(num_samples), "examples": images,
-               "nll_sum": nll_sum, "num_tokens": num_tokens,
-               "attention_kl_sum": terms["attention_kl_sum"],
-               "grad_norm": norm, "loss_scale": scale}
+        out = _step_outputs(loss, terms, sampled, num_samples, tf.shape(annotations)[0],
+                            nll_sum=nll_sum, num_tokens=num_tokens, grad_norm=norm,
+                            loss_scale=scale)
         return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
                 tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))
 
