@@ -33,8 +33,10 @@ METRICS = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "attribute_accuracy
            "relation_accuracy", "grounding", "grounding_noun", "dangling_ending_rate")
 
 
-def _run(root: str, config: str, overrides: list[str]) -> dict:
+def _run(root: str, config: str, overrides: list[str], stages: str = "") -> dict:
+    """One `captioner run` (all stages, or `stages`); its run_summary.json with the wall time."""
     cmd = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root]
+    cmd += ["--stages", stages] if stages else []
     for item in overrides:
         cmd += ["--set", item]
     print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)

@@ -26,41 +26,17 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.results import write_result  # noqa: E402
+from benchmarks.scst import _run  # noqa: E402
 from benchmarks.train_step import cpu_has_bf16, cpu_model  # noqa: E402
 
 METRICS = ("CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
            "relation_accuracy", "size_accuracy", "dangling_ending_rate")
-
-
-def _run(root: str, config: str, overrides: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root]
-    for item in overrides:
-        cmd += ["--set", item]
-    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    started = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    with open(os.path.join(root, "run_summary.json")) as f:
-        summary = json.load(f)
-    summary["wall_seconds"] = round(time.time() - started, 1)
-    return summary
-
-
-def _run_data(root: str, config: str, extra: list[str]) -> None:
-    """The data stages, once for every run (their artifacts do not depend on the decoder)."""
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", "--config", config, "--root", root,
-           "--stages", "ExampleGen,EncoderTrainer,Preprocess"]
-    for item in extra:
-        cmd += ["--set", item]
-    print("+ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)
 
 
 def _properties(summary: dict, stage: str, output: str) -> dict:
@@ -142,7 +118,9 @@ def main(argv=None) -> int:
                    help="config overrides for every run")
     args = p.parse_args(argv)
     weights = [float(w) for w in args.anchor_weights.split(",") if w.strip()]
-    _run_data(os.path.join(args.root, "data"), args.config, args.overrides)
+    # The data stages, once for every run (their artifacts do not depend on the decoder).
+    _run(os.path.join(args.root, "data"), args.config, args.overrides,
+         stages="ExampleGen,EncoderTrainer,Preprocess")
     runs = []
     for attention in [a.strip() for a in args.attention.split(",") if a.strip()]:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:

@@ -74,6 +74,16 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
 KL_FLOOR = 1e-8
 
 
+def _teacher_forced(model, annotations, tokens):
+    """`(targets (batch * K, T), outputs)` of `model` teacher-forced on the sampled captions."""
+    shape = tf.shape(tokens)
+    batch, k, steps = shape[0], shape[1], shape[2]
+    targets = tf.reshape(tf.cast(tokens, tf.int32), [batch * k, steps])
+    inputs = tf.concat([tf.fill([batch * k, 1], START_ID), targets[:, :-1]], axis=1)
+    return targets, model.teacher_forced(tf.repeat(annotations, k, axis=0), inputs,
+                                         training=False)
+
+
 def teacher_forced_attention(model, annotations, tokens):
     """(batch * K, T, L) float32: `model`'s attention along each sampled caption, teacher-forced.
 
@@ -82,11 +92,7 @@ def teacher_forced_attention(model, annotations, tokens):
       annotations: (batch, L, D).
       tokens: (batch, K, T) sampled captions.
     """
-    shape = tf.shape(tokens)
-    batch, k, steps = shape[0], shape[1], shape[2]
-    targets = tf.reshape(tf.cast(tokens, tf.int32), [batch * k, steps])
-    inputs = tf.concat([tf.fill([batch * k, 1], START_ID), targets[:, :-1]], axis=1)
-    out = model.teacher_forced(tf.repeat(annotations, k, axis=0), inputs, training=False)
+    _, out = _teacher_forced(model, annotations, tokens)
     return tf.stop_gradient(tf.cast(out["alpha"], tf.float32))
 
 
@@ -125,14 +131,10 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None) 
       step's word distribution, summed over those steps), `attention_kl_sum`
       (`attention_kl` summed over the sampled words; 0 without an anchor).
     """
-    shape = tf.shape(tokens)
-    batch, k, steps = shape[0], shape[1], shape[2]
-    targets = tf.reshape(tf.cast(tokens, tf.int32), [batch * k, steps])
-    inputs = tf.concat([tf.fill([batch * k, 1], START_ID), targets[:, :-1]], axis=1)
-    out = model.teacher_forced(tf.repeat(annotations, k, axis=0), inputs, training=False)
+    targets, out = _teacher_forced(model, annotations, tokens)
     nll = losses.masked_nll(out["logits"], targets)                          # (bK, T)
     step_mask = losses.step_mask(targets)
-    weight = tf.reshape(tf.stop_gradient(tf.cast(advantage, tf.float32)), [batch * k, 1])
+    weight = tf.reshape(tf.stop_gradient(tf.cast(advantage, tf.float32)), [-1, 1])  # (bK, 1)
     log_probs = tf.nn.log_softmax(tf.cast(out["logits"], tf.float32), axis=-1)
     entropy = -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1)         # (bK, T)
     kl_sum = (tf.reduce_sum(attention_kl(anchor_alpha, out["alpha"], targets))

@@ -7,12 +7,7 @@ import os
 import pytest
 
 from tests.benchmarks import run_benchmark
-from tests.benchmarks.test_scst_benchmark import TINY
-
-
-def _artifact(model_dir: str) -> dict:
-    with open(os.path.join(model_dir, "artifact.json")) as f:
-        return json.load(f)
+from tests.benchmarks.test_scst_benchmark import TINY, _artifact
 
 
 @pytest.mark.slow
