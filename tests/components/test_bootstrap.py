@@ -234,9 +234,10 @@ def _maps(cells, grid=4):
 
 
 def test_grounding_rates_come_from_summed_counts():
-    captions = [["a", "red", "circle"], ["a", "red", "circle", "left", "of", "a", "blue", "square"],
-                ["a", "blue", "square"], ["a", "green", "cross"]]
-    attention = [_maps([(0, 0)] * 3), _maps([(3, 3)] * 8), _maps([(0, 3)] * 3),
+    captions = [["a", "small", "red", "circle"],
+                ["a", "red", "circle", "left", "of", "a", "blue", "square"],
+                ["a", "small", "blue", "square"], ["a", "green", "cross"]]
+    attention = [_maps([(0, 0)] * 4), _maps([(3, 3)] * 8), _maps([(0, 3)] * 4),
                  _maps([(0, 0)] * 3)]
     objects = [[RED], [RED, BLUE], [BLUE, RED], [RED]]
     counts = grounding_counts(captions, attention, objects)
@@ -247,7 +248,9 @@ def test_grounding_rates_come_from_summed_counts():
     stats = ImageStats(ids=tuple(range(n)), bleu=np.ones((n, 10)), rouge=np.zeros(n),
                        cider=np.zeros(n), grounding=counts)
     values = metric_values(stats)
-    for key in ("grounding", "grounding_noun", "attribute_accuracy", "relation_accuracy"):
+    assert whole["num_sized_phrases"] == 2 and whole["size_accuracy"] == 0.5  # the blue one is large
+    for key in ("grounding", "grounding_noun", "attribute_accuracy", "relation_accuracy",
+                "size_accuracy"):
         assert values[key] == pytest.approx(whole[key])
     # one resample by hand: the rate of the summed counts, not the mean of per-image rates;
     # the baseline grounds nothing (rate 0), so the difference is the candidate's rate
@@ -265,6 +268,7 @@ def test_grounding_rates_come_from_summed_counts():
     alone = ImageStats(ids=stats.ids, bleu=stats.bleu, rouge=stats.rouge, cider=stats.cider,
                        grounding=np.zeros_like(counts))
     assert metric_values(alone)["relation_accuracy"] is None
+    assert metric_values(alone)["size_accuracy"] is None
     assert metric_values(alone)["attribute_accuracy"] == 0.0
     assert paired_bootstrap(alone, alone, resamples=5)["relation_accuracy"]["interval"] is None
 
@@ -342,7 +346,8 @@ def test_image_stats_takes_grounding_of_the_boxed_images_only():
     stats = _stats(captions, refs, grounding=per_image)
     assert list(stats.boxed) == [True, True, True, False]
     values, merged = metric_values(stats), merge_grounding(list(per_image.values()))
-    for key in ("grounding", "grounding_noun", "attribute_accuracy", "relation_accuracy"):
+    for key in ("grounding", "grounding_noun", "attribute_accuracy", "relation_accuracy",
+                "size_accuracy"):
         assert values[key] == pytest.approx(merged[key]), key
     with pytest.raises(ValueError, match="without a caption"):
         _stats(captions, refs, grounding={"zz": per_image["a"]})

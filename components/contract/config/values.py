@@ -34,7 +34,8 @@ CAPTION_METRICS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", 
 
 
 # Computed only for data with object boxes (`data.source=synthetic`).
-GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "grounding", "grounding_noun")
+GROUNDING_METRICS = ("attribute_accuracy", "relation_accuracy", "size_accuracy", "grounding",
+                     "grounding_noun")
 
 
 EVAL_METRICS = CAPTION_METRICS + GROUNDING_METRICS

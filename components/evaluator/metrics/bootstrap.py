@@ -15,7 +15,8 @@ without running the toolkit again:
   lines (`corpus_meteor`), as the jar computes it for the whole set.
 - ROUGE-L and CIDEr-D: means of the per-image scores; CIDEr-D's document
   frequencies stay those of the full reference set on every resample.
-- attribute_accuracy, relation_accuracy, grounding, grounding_noun: ratios of
+- attribute_accuracy, relation_accuracy, size_accuracy, grounding,
+  grounding_noun: ratios of
   summed per-image counts (`components.evaluator.metrics.grounding.grounding_counts`).
 
 On the full set these give the toolkit's values, to rounding (the tests
@@ -47,7 +48,8 @@ METEOR_WEIGHTS = (1.0, 0.6, 0.8, 0.6)
 _RATES = {"grounding": ("num_grounded", "num_matched_phrases"),
           "grounding_noun": ("num_grounded_noun", "num_matched_phrases"),
           "attribute_accuracy": ("num_attribute_correct", "boxed"),
-          "relation_accuracy": ("num_relation_correct", "num_relation_images")}
+          "relation_accuracy": ("num_relation_correct", "num_relation_images"),
+          "size_accuracy": ("num_size_correct", "num_sized_phrases")}
 # Bounds the weights matrix of one block of resamples (float64 entries).
 _BLOCK_ELEMENTS = 4_000_000
 
