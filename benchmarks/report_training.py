@@ -365,13 +365,27 @@ def _versus(record: Dict[str, Any], key: str, relative: bool = False) -> str:
     return f"{row['difference']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
+def _with_versus(record: Dict[str, Any], key: str) -> str:
+    """The metric, then its difference from cross-entropy where the record has one."""
+    versus = _versus(record, key)
+    return f"{metric(record['metrics'], key)} ({versus})" if versus else metric(record["metrics"], key)
+
+
 def t_scst_grounding(ctx: Context) -> Rendered:
-    records = [ctx.latest(f"scst_grounding-{a}") for a in ("soft", "hard", "soft-hard")
-               if f"scst_grounding-{a}" in ctx.by_stem]
+    # One record per invocation (`scst_grounding-<attentions>-seed<seeds>`; the
+    # first ones carry no seeds in the name); a later record of the same
+    # attention and seed replaces an earlier one.
+    records = [ctx.latest(stem) for stem in sorted(ctx.by_stem)
+               if stem.startswith("scst_grounding-")]
+    newest = {}
+    for rec in sorted(records, key=lambda r: r.order):
+        for run in rec.figures["runs"]:
+            newest[(run["attention"], run["seed"])] = run
+    runs = [newest[k] for k in sorted(newest, key=lambda k: (k[0] != "soft", k[1]))]
     keys = ["CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
             "relation_accuracy", "size_accuracy"]
     rows = []
-    for run in [run for rec in records for run in rec.figures["runs"]]:
+    for run in runs:
         label = f"{run['attention']}, seed {run['seed']}"
         xe = run["xe"]
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
@@ -381,10 +395,9 @@ def t_scst_grounding(ctx: Context) -> Rendered:
             m = r["metrics"]
             rows.append([label, variant, f"{metric(m, 'CIDEr')} ({_versus(r, 'CIDEr', relative=True)})",
                          metric(m, "Bleu_4"), metric(m, "METEOR"),
-                         f"{metric(m, 'grounding')} ({_versus(r, 'grounding')})",
-                         f"{metric(m, 'grounding_noun')} ({_versus(r, 'grounding_noun')})",
+                         _with_versus(r, "grounding"), _with_versus(r, "grounding_noun"),
                          metric(m, "attribute_accuracy"), metric(m, "relation_accuracy"),
-                         metric(m, "size_accuracy"),
+                         _with_versus(r, "size_accuracy"),
                          f"{num(r.get('seconds_per_step'), 3)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
     lines = table(["attention, seed", "model", *keys, "s/step (epochs)"], rows)
     return lines + ["", "In parentheses: the difference from the cross-entropy model of the same run, "

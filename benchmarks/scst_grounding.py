@@ -15,8 +15,9 @@ Evaluator compares it with the same cross-entropy model, on the same test
 images, with its paired bootstrap (the interval of each difference).
 
 Prints one JSON line per run and a last line with the CPU; records
-everything with `write_result("scst_grounding", ..., variant=<attentions>)`
-(`scst_grounding-soft-<date>-<host>.json`). Targets: CIDEr at
+everything with `write_result("scst_grounding", ..., variant=<attentions>-seed<seeds>)`
+(`scst_grounding-soft-seed1-2-<date>-<host>.json`; the docs' table reads every
+such record, one row group per attention and seed). Targets: CIDEr at
 least +15% over cross-entropy, and the intervals of the grounding and
 size-accuracy differences reaching zero or above.
 """
@@ -128,8 +129,9 @@ def main(argv=None) -> int:
                                  args.overrides))
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    seeds = [s.strip() for s in args.seeds.split(",") if s.strip()]
     write_result("scst_grounding", {"config": args.config, "runs": runs}, argv=argv,
-                 variant="-".join(attentions))
+                 variant="-".join(attentions) + "-seed" + "-".join(seeds))
     return 0
 
 
