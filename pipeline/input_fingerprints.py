@@ -1,7 +1,7 @@
 """Content fingerprints of what a stage reads from outside the pipeline root.
 
 A config key that names a file or folder (`components.contract.config_paths.path_keys_read`:
-`data.captions_json`, `data.images_dir`, `data.tfds_data_dir`,
+`data.captions_json`, `data.images_dir`, `data.instances_json`, `data.tfds_data_dir`,
 `encoder.weights`, `train.init_model`) keys the cache of the stages that
 declare it with a record of the path's content, not only with the path:
 

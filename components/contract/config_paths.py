@@ -15,6 +15,7 @@ from components.contract.config import ConfigError, PipelineConfig
 # Paths each stage reads: (stage, key, "file" | "dir" | "path" (either)).
 _PATH_KEYS = (("ExampleGen", "data.captions_json", "file"),
               ("ExampleGen", "data.images_dir", "dir"),
+              ("ExampleGen", "data.instances_json", "file"),
               ("ExampleGen", "data.tfds_data_dir", "dir"),
               ("EncoderTrainer", "encoder.weights", "file"),
               ("Trainer", "train.init_model", "path"))
@@ -25,8 +26,9 @@ _WEIGHTS_KEYWORDS = ("", "none", "imagenet")
 def path_keys_read(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
     """The path keys whose value the config's stages read, with that value.
 
-    A key the config makes irrelevant is left out: `data.captions_json` and
-    `data.images_dir` unless `data.source` is coco or karpathy,
+    A key the config makes irrelevant is left out: `data.captions_json`,
+    `data.images_dir` and `data.instances_json` unless `data.source` is coco
+    or karpathy,
     `data.tfds_data_dir` unless it is tfds, and `encoder.weights` unless
     `encoder.kind` is keras_app and the value is a path (not `imagenet` or
     `none`). A value may be `""`: not set (for `data.tfds_data_dir`, TFDS's
@@ -41,6 +43,7 @@ def path_keys_read(config: PipelineConfig) -> list[tuple[str, str, str, str]]:
     source = config.data.source
     used_by_source = {"data.captions_json": source in ("coco", "karpathy"),
                       "data.images_dir": source in ("coco", "karpathy"),
+                      "data.instances_json": source in ("coco", "karpathy"),
                       "data.tfds_data_dir": source == "tfds"}
     read = []
     for stage, key, kind in _PATH_KEYS:

@@ -57,7 +57,8 @@ OBJECT_BBOX = "objects/bbox"
 OBJECT_COLOR = "objects/color"
 OBJECT_SHAPE = "objects/shape"
 OBJECT_SIZE = "objects/size"
-OBJECT_ATTRIBUTES = (OBJECT_COLOR, OBJECT_SHAPE, OBJECT_SIZE)
+OBJECT_CATEGORY = "objects/category"
+OBJECT_ATTRIBUTES = (OBJECT_COLOR, OBJECT_SHAPE, OBJECT_SIZE, OBJECT_CATEGORY)
 OBJECTS_PREFIX = "objects/"
 GRID = "annotations"
 GRID_SHAPE = "grid_shape"
@@ -77,8 +78,11 @@ class Feature:
 _OBJECT_FEATURES = (
     Feature((OBJECT_BBOX,), "float list", "4 per object: `ymin, xmin, ymax, xmax`, normalized "
             "to [0, 1] (sources with boxes only)"),
-    Feature(OBJECT_ATTRIBUTES, "bytes lists",
-            "one per object (sources with boxes only)"),
+    Feature((OBJECT_COLOR, OBJECT_SHAPE, OBJECT_SIZE), "bytes lists",
+            "one per object (synthetic and scenes)"),
+    Feature((OBJECT_CATEGORY,), "bytes list",
+            "one per object: the COCO category name (coco and karpathy with "
+            "`data.instances_json`)"),
 )
 
 EXAMPLE_FEATURES = (
@@ -148,9 +152,11 @@ def object_features(objects: Sequence[Mapping]) -> dict:
     """`objects/*` features (boxes and attributes) for sources that have them.
 
     Args:
-      objects: dicts with `bbox` (4 floats) and `color`, `shape`, `size`.
+      objects: dicts with `bbox` (4 floats) and `color`, `shape`, `size`
+        (synthetic data) or `category` (COCO instances).
     Returns:
-      key -> `tf.train.Feature` (empty without objects).
+      key -> `tf.train.Feature` (empty without objects); an attribute no
+      object has is left out.
     """
     if not objects:
         return {}
@@ -160,7 +166,8 @@ def object_features(objects: Sequence[Mapping]) -> dict:
     features = {OBJECT_BBOX: float_feature(bbox)}
     for key in OBJECT_ATTRIBUTES:
         name = key[len(OBJECTS_PREFIX):]
-        features[key] = bytes_feature([str(o.get(name, "")).encode() for o in objects])
+        if any(name in o for o in objects):
+            features[key] = bytes_feature([str(o.get(name, "")).encode() for o in objects])
     return features
 
 
@@ -170,10 +177,10 @@ def parse_objects(feature_map) -> list[dict]:
         return []
     bbox = list(feature_map[OBJECT_BBOX].float_list.value)
     values = {key[len(OBJECTS_PREFIX):]: [v.decode() for v in feature_map[key].bytes_list.value]
-              for key in OBJECT_ATTRIBUTES}
+              for key in OBJECT_ATTRIBUTES if key in feature_map}
     return [{"bbox": tuple(bbox[4 * i:4 * i + 4]),
              **{name: column[i] for name, column in values.items()}}
-            for i in range(len(values["color"]))]
+            for i in range(len(bbox) // 4)]
 
 
 def _first_bytes(feature_map, key: str) -> bytes:

@@ -8,8 +8,10 @@ request to the pushed version returns the caption recorded here, bit for bit.
 
 Metrics come from the coco-caption toolkit (`Bleu_1`..`Bleu_4`, `METEOR`,
 `ROUGE_L`, `CIDEr`, comparable with the paper's Table 1); where the examples
-carry object boxes (the synthetic data) also `grounding`, `grounding_noun`,
-`attribute_accuracy` and `relation_accuracy`. Every run also reports the
+carry object boxes also `grounding` and `grounding_noun`, and on the
+synthetic data `attribute_accuracy`, `size_accuracy` and
+`relation_accuracy` (COCO instance boxes, `data.instances_json`, name no
+colour, size or relation). Every run also reports the
 end-of-caption check (`REPORTED_METRICS`), where lower is better and which
 the Blessing does not look at.
 

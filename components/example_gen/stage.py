@@ -124,5 +124,6 @@ def run(ctx) -> dict:
                            f"{os.path.join(ctx.outputs['examples'], schema.DEAD_LETTERS_FILE)}")
     return {"examples": {"counts": counts,
                          "properties": {"source": data_config.source,
-                                        "has_boxes": has_boxes(data_config.source),
+                                        "has_boxes": has_boxes(data_config.source,
+                                                               data_config.instances_json),
                                         "splits": list(schema.SPLITS)}}}

@@ -6,7 +6,10 @@
 
 Needs the Karpathy split file, the COCO 2014 images and ImageNet weights
 (downloaded by keras.applications on first use). The paper reports BLEU-4
-24.3 (soft) / 25.0 (hard), METEOR 23.90 / 23.04.
+24.3 (soft) / 25.0 (hard), METEOR 23.90 / 23.04. Add
+`--set data.instances_json=/data/coco/annotations/instances_val2014.json`
+for attention grounding on the test split (its 5,000 images are all from
+val2014; docs/metrics.md, "Grounding on COCO images").
 
 Cost per image (docs/SCALING.md; 2 CPU cores, 2026-11-26): Preprocess
 0.669 s (VGG19 at 224 px, measured), Trainer ~46 ms per train image and

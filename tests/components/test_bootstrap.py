@@ -265,8 +265,10 @@ def test_grounding_rates_come_from_summed_counts():
     assert comparison["grounding"]["interval"] == pytest.approx([expected, expected])
     assert expected != np.mean([counts[i, 2] / counts[i, 1] for i in draw if counts[i, 1]])
     # no image with two objects: relation accuracy is not available, the others are
+    lonely = np.zeros_like(counts)
+    lonely[:, COUNT_KEYS.index("num_attribute_images")] = 1  # scored for attributes, all wrong
     alone = ImageStats(ids=stats.ids, bleu=stats.bleu, rouge=stats.rouge, cider=stats.cider,
-                       grounding=np.zeros_like(counts))
+                       grounding=lonely)
     assert metric_values(alone)["relation_accuracy"] is None
     assert metric_values(alone)["size_accuracy"] is None
     assert metric_values(alone)["attribute_accuracy"] == 0.0

@@ -129,7 +129,8 @@ def test_the_product_stages_declare_the_path_keys_they_read(tmp_path):
     common = ["encoder.kind=keras_app", f"encoder.weights={tmp_path / 'w.h5'}",
               f"train.init_model={tmp_path / 'model'}"]
     read = {}
-    for source in (["data.source=coco", "data.captions_json=c.json", "data.images_dir=i"],
+    for source in (["data.source=coco", "data.captions_json=c.json", "data.images_dir=i",
+                    "data.instances_json=inst.json"],
                    ["data.source=tfds"]):
         config = _config(common + source)
         for spec in dag.STAGES:
@@ -190,8 +191,12 @@ def _keys(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "best.keras").write_text("model")
+    instances = tmp_path / "instances.json"
+    instances.write_text('{"categories": [{"id": 1, "name": "dog"}]}')
     return {
         "data.captions_json": (coco, captions, {"A", "B", "C"}),
+        "data.instances_json": (coco + [f"data.instances_json={instances}"], instances,
+                                {"A", "B", "C"}),
         "data.images_dir": (coco, images / "b.png", {"A", "B", "C"}),
         "data.tfds_data_dir": (["data.source=tfds", "data.tfds_name=my_dataset:1.0.0",
                                 f"data.tfds_data_dir={tmp_path / 'tfds'}"],

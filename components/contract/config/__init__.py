@@ -52,13 +52,15 @@ from components.contract.config.values import (
                                                  EARLY_STOPPING_METRICS,
                                                  EVAL_METRICS,
                                                  GROUNDING_METRICS,
+                                                 INSTANCE_METRICS,
+                                                 INSTANCE_SOURCES,
                                                  MAX_OBJECTS,
                                                  REPORTED_METRICS,
 )
 
 __all__ = [
     "BOXED_SOURCES", "CAPTION_METRICS", "CHANGE_BOUNDS", "CHOICES", "EARLY_STOPPING_METRICS",
-    "EVAL_METRICS", "GROUNDING_METRICS", "MAX_OBJECTS", "REPORTED_METRICS", "SECTIONS",
+    "EVAL_METRICS", "GROUNDING_METRICS", "INSTANCE_METRICS", "INSTANCE_SOURCES", "MAX_OBJECTS", "REPORTED_METRICS", "SECTIONS",
     "ConfigError", "DataConfig", "DeclaredConfig", "EncoderConfig", "EvalConfig", "ModelConfig",
     "PipelineConfig", "PreprocessConfig", "PushConfig", "ServeConfig", "TrainConfig",
     "UndeclaredConfigError", "apply_overrides", "change_thresholds", "config_from_module",

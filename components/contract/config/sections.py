@@ -38,6 +38,7 @@ class DataConfig:
     # coco: captions JSON + image folder; karpathy: split JSON + image folder
     captions_json: str = ""            # coco: captions_*.json; karpathy: dataset_*.json
     images_dir: str = ""               # coco/karpathy: folder the image paths are relative to
+    instances_json: str = ""           # coco/karpathy: COCO instances_*.json (object boxes by category; optional): the Evaluator's grounding metrics
     # tfds
     tfds_name: str = "coco_captions"   # tfds: dataset name
     tfds_data_dir: str = ""            # tfds: data_dir ("" = TFDS default)

@@ -15,6 +15,8 @@ from components.contract.config.values import (
     CHOICES,
     EVAL_METRICS,
     GROUNDING_METRICS,
+    INSTANCE_METRICS,
+    INSTANCE_SOURCES,
     MAX_OBJECTS,
     REPORTED_METRICS,
 )
@@ -65,6 +67,10 @@ def validate(config: PipelineConfig) -> PipelineConfig:
         if value not in choices:
             raise _choice_error(key, value, choices)
     data, model, ev = config.data, config.model, config.eval
+    if data.instances_json and data.source not in INSTANCE_SOURCES:
+        raise ConfigError(f"data.instances_json is read for data.source="
+                          f"{' or '.join(INSTANCE_SOURCES)} (COCO images), not {data.source!r}: "
+                          "leave it empty")
     _check_thresholds(ev, data)
     tcfg = config.train
     if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
@@ -125,19 +131,30 @@ def _check_thresholds(ev, data) -> None:
         if metric not in EVAL_METRICS:
             raise ConfigError(f"eval.thresholds: no metric {metric!r}; the Evaluator's metrics: "
                               f"{', '.join(EVAL_METRICS)}{did_you_mean(metric, EVAL_METRICS)}")
-        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES:
-            raise ConfigError(f"eval.thresholds: {metric} is computed only for "
-                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
-                              f"boxes), not {data.source!r}")
+        if metric in GROUNDING_METRICS and not _computed(metric, data):
+            raise ConfigError(f"eval.thresholds: {_where_computed(metric, data)}")
     changes = change_thresholds(ev.change_thresholds, "eval.change_thresholds")
     defaults = default_change_thresholds()
     for metric, bounds in changes.items():
         # The defaults name every metric; only a bound someone set is a mistake on unboxed data.
-        if metric in GROUNDING_METRICS and data.source not in BOXED_SOURCES \
+        if metric in GROUNDING_METRICS and not _computed(metric, data) \
                 and bounds != defaults.get(metric):
-            raise ConfigError(f"eval.change_thresholds: {metric} is computed only for "
-                              f"data.source={' or '.join(BOXED_SOURCES)} (it needs object "
-                              f"boxes), not {data.source!r}")
+            raise ConfigError(f"eval.change_thresholds: {_where_computed(metric, data)}")
+
+
+def _computed(metric: str, data) -> bool:
+    """Whether the Evaluator computes a grounding metric on this data."""
+    return data.source in BOXED_SOURCES or (
+        metric in INSTANCE_METRICS and data.source in INSTANCE_SOURCES and bool(data.instances_json))
+
+
+def _where_computed(metric: str, data) -> str:
+    """Which data a grounding metric needs, for a config error."""
+    where = f"data.source={' or '.join(BOXED_SOURCES)}"
+    if metric in INSTANCE_METRICS:
+        where += (f", or {' or '.join(INSTANCE_SOURCES)} with data.instances_json (COCO "
+                  "instance boxes)")
+    return f"{metric} is computed only for {where}; it needs object boxes, not {data.source!r}"
 
 
 def change_thresholds(value: Any, where: str) -> dict[str, dict[str, float]]:

@@ -47,6 +47,10 @@ REPORTED_METRICS = ("dangling_ending_rate", "dangling_endings", "empty_captions"
 
 # The sources whose examples carry object boxes (the grounding metrics need them).
 BOXED_SOURCES = ("synthetic", "scenes")
+# Sources whose images may carry COCO instance boxes (`data.instances_json`):
+# grounding and grounding_noun only.
+INSTANCE_SOURCES = ("coco", "karpathy")
+INSTANCE_METRICS = ("grounding", "grounding_noun")
 
 
 # Objects per image that each built-in synthetic source can draw, at most.

@@ -44,10 +44,10 @@ BLEU_COLUMNS = ("correct_1", "correct_2", "correct_3", "correct_4",
 # exact, stem, synonym and paraphrase stages): the jar's defaults for English.
 METEOR_ALPHA, METEOR_BETA, METEOR_GAMMA, METEOR_DELTA = 0.85, 0.20, 0.60, 0.75
 METEOR_WEIGHTS = (1.0, 0.6, 0.8, 0.6)
-# The rate metrics: (numerator count, denominator count); "boxed": images with boxes.
+# The rate metrics: (numerator count, denominator count).
 _RATES = {"grounding": ("num_grounded", "num_matched_phrases"),
           "grounding_noun": ("num_grounded_noun", "num_matched_phrases"),
-          "attribute_accuracy": ("num_attribute_correct", "boxed"),
+          "attribute_accuracy": ("num_attribute_correct", "num_attribute_images"),
           "relation_accuracy": ("num_relation_correct", "num_relation_images"),
           "size_accuracy": ("num_size_correct", "num_sized_phrases")}
 # Bounds the weights matrix of one block of resamples (float64 entries).
@@ -375,8 +375,7 @@ def _features(models: Sequence[ImageStats], optional: tuple[str, ...]):
         if "meteor" in optional:
             blocks.append(("meteor", stats.meteor))
         if "grounding" in optional:
-            boxed = np.ones(len(stats.ids)) if stats.boxed is None else stats.boxed
-            blocks.append(("grounding", np.column_stack([stats.grounding, boxed])))
+            blocks.append(("grounding", stats.grounding))
         start = 0
         for name, array in blocks:
             layout[name] = slice(start, start + array.shape[1])
@@ -397,7 +396,7 @@ def _evaluate(sums: np.ndarray, layout: Mapping[str, slice], n: int) -> dict[str
         out["METEOR"] = corpus_meteor(sums[:, layout["meteor"]])
     if "grounding" in layout:
         counts = sums[:, layout["grounding"]]
-        column = {k: counts[:, j] for j, k in enumerate(COUNT_KEYS + ("boxed",))}
+        column = {k: counts[:, j] for j, k in enumerate(COUNT_KEYS)}
         for metric, (top, bottom) in _RATES.items():
             denominator = column[bottom]
             with np.errstate(divide="ignore", invalid="ignore"):

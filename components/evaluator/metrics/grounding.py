@@ -10,6 +10,11 @@ scenes words (more kinds and colors, synonyms, counted plurals).
 A generated object phrase *matches* the ground-truth objects with the same
 color and shape: exactly one on a shapes image (each (color, shape) appears
 at most once there), one or more on a scenes image ("two red rings").
+
+Objects labelled with a `category` instead (COCO instance boxes,
+`data.instances_json`) are scored by
+`components.evaluator.metrics.category_grounding`: grounding and
+grounding_noun only, over the caption's mentions of the image's categories.
 """
 from __future__ import annotations
 
@@ -17,12 +22,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from components.evaluator.metrics.category_grounding import category_counts
 from components.synthetic.scenes_grammar import parse_caption
 from components.synthetic.shapes_grammar import relation_holds
 
 COUNT_KEYS = ("num_phrases", "num_matched_phrases", "num_grounded", "num_grounded_noun",
-              "num_attribute_correct", "num_sized_phrases", "num_size_correct",
-              "num_relation_images", "num_relation_correct")
+              "num_attribute_images", "num_attribute_correct", "num_sized_phrases",
+              "num_size_correct", "num_relation_images", "num_relation_correct")
 
 
 def grounding_metrics(captions: Sequence[Sequence[str] | str],
@@ -38,7 +44,9 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
         weights used to emit word t; ``T >= len(words)`` (extra steps, e.g.
         for ``<end>``, are ignored).
       objects: per image, the ground-truth objects: dicts with `bbox`
-        (ymin, xmin, ymax, xmax normalized), `color`, `shape`, `size`.
+        (ymin, xmin, ymax, xmax normalized), `color`, `shape`, `size`; or
+        with `bbox` and `category` (COCO instances: see the module's
+        docstring).
       widen_cells: how many grid cells the box is widened by on every side.
     Returns:
       A flat dict. Rates (None where their count is 0):
@@ -46,8 +54,9 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
           argmax cell of at least one of the phrase's steps (article to
           noun) has its centre inside the widened box (of any matched object);
         ``grounding_noun``: the same with the shape noun's step alone;
-        ``attribute_accuracy``: fraction of images whose caption names
-          exactly the right set of (color, shape) objects;
+        ``attribute_accuracy``: fraction of the images with coloured
+          objects whose caption names exactly the right set of (color,
+          shape) objects;
         ``size_accuracy``: over matched phrases that name a size, the
           fraction naming the size of a matched object;
         ``relation_accuracy``: over images with >= 2 objects, the fraction
@@ -55,7 +64,8 @@ def grounding_metrics(captions: Sequence[Sequence[str] | str],
           arguments match (no relation, or an argument that matches no
           object, is wrong).
       Counts: ``num_images``, ``num_phrases``, ``num_matched_phrases``,
-      ``num_grounded``, ``num_grounded_noun``, ``num_attribute_correct``,
+      ``num_grounded``, ``num_grounded_noun``, ``num_attribute_images``,
+      ``num_attribute_correct``,
       ``num_sized_phrases``, ``num_size_correct``, ``num_relation_images``,
       ``num_relation_correct``.
     """
@@ -98,6 +108,10 @@ def _image_counts(words, attention, gt: Sequence[Mapping], widen_cells: float) -
         raise ValueError(f"attention must be (T, H, W), got shape {attention.shape}")
     if attention.shape[0] < len(words):
         raise ValueError(f"{len(words)} words but only {attention.shape[0]} attention maps")
+    if any("category" in o for o in gt):
+        counts.update(category_counts(words, attention, gt, _looks_inside, widen_cells))
+        return counts
+    counts["num_attribute_images"] = 1
     parsed = parse_caption(words)
     by_key: dict[tuple, list] = {}
     for o in gt:
@@ -146,8 +160,7 @@ def _with_rates(counts: Mapping[str, int], num_images: int) -> dict:
     return {
         "grounding": rate("num_grounded", "num_matched_phrases"),
         "grounding_noun": rate("num_grounded_noun", "num_matched_phrases"),
-        "attribute_accuracy": (counts["num_attribute_correct"] / num_images
-                               if num_images else None),
+        "attribute_accuracy": rate("num_attribute_correct", "num_attribute_images"),
         "size_accuracy": rate("num_size_correct", "num_sized_phrases"),
         "relation_accuracy": rate("num_relation_correct", "num_relation_images"),
         "num_images": num_images,

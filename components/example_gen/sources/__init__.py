@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from components.contract.config import BOXED_SOURCES
+from components.contract.config import BOXED_SOURCES, INSTANCE_SOURCES
 
 
 def _synthetic(cfg):
@@ -24,12 +24,28 @@ def _scenes(cfg):
 
 def _coco(cfg):
     from components.example_gen.sources import coco
-    return coco.read_coco(cfg.captions_json, cfg.images_dir)
+    return _with_instances(coco.read_coco(cfg.captions_json, cfg.images_dir), cfg)
 
 
 def _karpathy(cfg):
     from components.example_gen.sources import karpathy
-    return karpathy.read_karpathy(cfg.captions_json, cfg.images_dir)
+    return _with_instances(karpathy.read_karpathy(cfg.captions_json, cfg.images_dir), cfg)
+
+
+def _with_instances(source, cfg):
+    """A COCO-format source's examples with their `data.instances_json` boxes, if set."""
+    if not cfg.instances_json:
+        return source
+    import dataclasses
+    import sys
+
+    from components.example_gen.sources.instances import read_instances
+    records, total = source
+    instances = read_instances(cfg.instances_json)
+    skipped = ", ".join(f"{n} {why}" for why, n in sorted(instances.skipped.items()))
+    print(f"[ExampleGen] {cfg.instances_json}: boxes for {len(instances.objects)} images"
+          + (f"; annotations skipped: {skipped}" if skipped else ""), file=sys.stderr)
+    return (dataclasses.replace(raw, objects=instances.of(raw.image_id)) for raw in records), total
 
 
 def _tfds(cfg):
@@ -48,6 +64,12 @@ def get_source(name: str) -> Callable:
     return SOURCES[name]
 
 
-def has_boxes(name: str) -> bool:
-    """Whether the examples of `data.source` carry object boxes."""
-    return name in BOXED_SOURCES
+def has_boxes(name: str, instances_json: str = "") -> bool:
+    """Whether the examples of `data.source` carry object boxes.
+
+    Args:
+      name: `data.source`.
+      instances_json: `data.instances_json`: COCO instance boxes for the
+        coco and karpathy sources.
+    """
+    return name in BOXED_SOURCES or (name in INSTANCE_SOURCES and bool(instances_json))
