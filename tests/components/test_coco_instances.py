@@ -25,16 +25,8 @@ from components.example_gen.sources import has_boxes
 from components.example_gen.sources.instances import read_instances
 from components.synthetic.shapes import generate
 from pipeline import config as config_lib
+from tests.components.test_bootstrap import _maps  # (T, 4, 4) maps peaking at given cells
 from tests.test_e2e import _captioner
-
-
-def _cells(cells, grid=4):
-    """(T, grid, grid) maps whose maximum is at each (row, col) of `cells`."""
-    maps = np.full((len(cells), grid, grid), 0.01, np.float32)
-    for t, (r, c) in enumerate(cells):
-        maps[t, r, c] = 1.0
-    return maps
-
 
 # ----------------------------------------------------------------------------- names
 
@@ -84,7 +76,7 @@ def test_category_grounding_counts_matched_mentions_and_matches_a_reference():
     # "dog" looked at (0, 0): inside; "dining" at (3, 3) inside the table,
     # "table" at (0, 3): outside it; "cat": not in the image (unmatched)
     words = "a dog and a cat by a dining table".split()
-    attention = _cells([(0, 0), (0, 0), (2, 2), (2, 2), (2, 2), (2, 2), (2, 2), (3, 3),
+    attention = _maps([(0, 0), (0, 0), (2, 2), (2, 2), (2, 2), (2, 2), (2, 2), (3, 3),
                         (0, 3)])
     m = grounding_metrics([words], [attention], [[dog, table]], widen_cells=0.0)
     assert (m["num_phrases"], m["num_matched_phrases"], m["num_grounded"],
