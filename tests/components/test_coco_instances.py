@@ -39,6 +39,8 @@ def test_mentions_take_the_longest_name_plurals_and_synonyms():
                      ("bear", ["bear"])]
     assert [c for c, _, _ in mentions("a table with knives and a phone".split(),
                                       name_table())] == ["dining table", "knife", "cell phone"]
+    assert [c for c, _, _ in mentions("a baseball player swings a bat at the ball".split(),
+                                      name_table())] == ["person", "baseball bat", "sports ball"]
     assert len(COCO_CATEGORIES) == 80
     # a dataset's own categories are matched by name and plural
     assert mentions("three red circles".split(), name_table(("circle",))) == [("circle", 2, 3)]

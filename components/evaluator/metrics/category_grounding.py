@@ -58,7 +58,8 @@ SYNONYMS = {
     "tie": ("necktie",),
     "suitcase": ("luggage", "suit case"),
     "skis": ("ski",),
-    "sports ball": ("ball", "soccer ball", "football", "tennis ball", "baseball"),
+    # not "baseball" or "football": captions use them as modifiers ("a baseball player")
+    "sports ball": ("ball", "soccer ball", "tennis ball"),
     "baseball bat": ("bat",),
     "baseball glove": ("glove", "mitt"),
     "tennis racket": ("racket", "racquet"),
