@@ -52,3 +52,36 @@ def test_a_table_shows_the_newest_record_and_names_it(tmp_path):
     # A hand edit inside the markers makes the check fail.
     doc.write_text(text.replace("1234.5", "999.9"))
     assert report.main(["--check", *args]) == 1
+
+
+def _scst_run(seed, cider, grounding, size_interval):
+    """One attention and seed of benchmarks/scst_grounding.py: plain SCST against cross-entropy."""
+    versus = {"CIDEr": {"baseline": 0.8, "difference": cider, "interval": [cider - 0.05, cider + 0.05]},
+              "grounding": {"baseline": 0.8, "difference": grounding,
+                            "interval": [grounding - 0.05, grounding + 0.05]}}
+    if size_interval:
+        versus["size_accuracy"] = {"baseline": 0.7, "difference": sum(size_interval) / 2,
+                                   "interval": size_interval}
+    return {"attention": "soft", "seed": seed,
+            "scst": {"plain": {"attention_kl": 0.0, "metrics": {}, "versus_xe": versus}}}
+
+
+def test_scst_targets_count_the_seeds_that_meet_them(tmp_path):
+    report = load_benchmark("report")
+    results = tmp_path / "results"
+    results.mkdir()
+    for seed, run in enumerate([_scst_run(0, 0.16, -0.06, None),       # +20%, interval reaches 0
+                                _scst_run(1, 0.08, -0.10, [-0.2, 0.1]),  # +10%, interval below 0
+                                _scst_run(2, 0.13, 0.01, [-0.3, -0.1])]):  # +16.25%
+        record = {"benchmark": "scst_grounding", "date": f"2031-01-0{seed + 1}T10:00:00Z", "host": HOST,
+                  "command": f"python benchmarks/scst_grounding.py --seeds {seed}",
+                  "figures": {"config": "scenes", "runs": [run]}}
+        (results / f"scst_grounding-soft-seed{seed}-2031-01-0{seed + 1}-test-cpu-9000-2c-avx2.json"
+         ).write_text(json.dumps(record))
+    doc = tmp_path / "DOC.md"
+    doc.write_text("<!-- table:scst-grounding-targets:start -->\n<!-- table:scst-grounding-targets:end -->\n")
+    assert report.main(["--results-dir", str(results), str(doc)]) == 0
+    row = next(line for line in doc.read_text().splitlines() if line.startswith("| soft |"))
+    # CIDEr: mean of +20%, +10%, +16.25%; two seeds at +15% or more. Grounding: mean -0.050, the
+    # intervals' tops -0.01, -0.05, +0.06. Size: only seeds 1 and 2 have an interval.
+    assert row == "| soft | SCST | 0, 1, 2 | +15.4% | 2 of 3 | -0.050 | 1 of 3 | -0.125 | 1 of 2 |"
