@@ -388,7 +388,7 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
         if not rows:
             return "", ""
         if relative:
-            changes = [row["difference"] / row["baseline"] for row in rows]
+            changes = [row["relative"] for row in rows]
             return f"{statistics.mean(changes) * 100:+.1f}%", f"{sum(c >= 0.15 for c in changes)} of {len(rows)}"
         return (f"{statistics.mean(row['difference'] for row in rows):+.3f}",
                 f"{sum(row['interval'][1] >= 0 for row in rows)} of {len(rows)}")

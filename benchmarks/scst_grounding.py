@@ -78,7 +78,8 @@ def _targets(record: dict) -> dict:
 
     return {"cider_plus_15pct": ((vs.get("CIDEr") or {}).get("relative") or 0) >= 0.15,
             "grounding_not_lower": reaches_zero("grounding"),
-            "grounding_noun_not_lower": reaches_zero("grounding_noun")}
+            "grounding_noun_not_lower": reaches_zero("grounding_noun"),
+            "size_accuracy_not_lower": reaches_zero("size_accuracy")}
 
 
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],

@@ -56,7 +56,8 @@ def test_a_table_shows_the_newest_record_and_names_it(tmp_path):
 
 def _scst_run(seed, cider, grounding, size_interval):
     """One attention and seed of benchmarks/scst_grounding.py: plain SCST against cross-entropy."""
-    versus = {"CIDEr": {"baseline": 0.8, "difference": cider, "interval": [cider - 0.05, cider + 0.05]},
+    versus = {"CIDEr": {"baseline": 0.8, "difference": cider, "relative": cider / 0.8,
+                        "interval": [cider - 0.05, cider + 0.05]},
               "grounding": {"baseline": 0.8, "difference": grounding,
                             "interval": [grounding - 0.05, grounding + 0.05]}}
     if size_interval:

@@ -39,6 +39,9 @@ def test_plain_and_anchored_scst_are_compared_with_the_same_cross_entropy_model(
         cider = out["versus_xe"]["CIDEr"]
         assert len(cider["interval"]) == 2 and cider["interval"][0] <= cider["difference"]
         assert out["targets"]["cider_plus_15pct"] == ((cider["relative"] or 0) >= 0.15)
+        size = out["versus_xe"].get("size_accuracy") or {}
+        assert out["targets"]["size_accuracy_not_lower"] == (
+            None if not size.get("interval") else size["interval"][1] >= 0)
     assert os.path.isdir(xe_dir)
 
     [written] = os.listdir(results)
