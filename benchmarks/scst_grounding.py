@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.results import write_result  # noqa: E402
 from benchmarks.scst import _run  # noqa: E402
+from benchmarks.scst_targets import targets  # noqa: E402
 from benchmarks.train_step import cpu_has_bf16, cpu_model  # noqa: E402
 
 METRICS = ("CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
@@ -69,19 +70,6 @@ def _record(summary: dict) -> dict:
     }
 
 
-def _targets(record: dict) -> dict:
-    vs = record["versus_xe"]
-
-    def reaches_zero(metric):
-        interval = (vs.get(metric) or {}).get("interval")
-        return None if not interval or interval[1] is None else interval[1] >= 0
-
-    return {"cider_plus_15pct": ((vs.get("CIDEr") or {}).get("relative") or 0) >= 0.15,
-            "grounding_not_lower": reaches_zero("grounding"),
-            "grounding_noun_not_lower": reaches_zero("grounding_noun"),
-            "size_accuracy_not_lower": reaches_zero("size_accuracy")}
-
-
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
              extra: list[str]) -> dict:
     base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
@@ -101,7 +89,7 @@ def one_seed(root: str, config: str, attention: str, seed: int, weights: list[fl
                                          f"train.scst_attention_kl={weight:g}"])
         record = _record(run)
         record["attention_kl"] = weight
-        record["targets"] = _targets(record)
+        record["targets"] = targets(record["versus_xe"])
         out["scst"][name] = record
         print(json.dumps({"attention": attention, "seed": seed, "variant": name, **record}),
               flush=True)

@@ -86,3 +86,14 @@ def test_scst_targets_count_the_seeds_that_meet_them(tmp_path):
     # CIDEr: mean of +20%, +10%, +16.25%; two seeds at +15% or more. Grounding: mean -0.050, the
     # intervals' tops -0.01, -0.05, +0.06. Size: only seeds 1 and 2 have an interval.
     assert row == "| soft | SCST | 0, 1, 2 | +15.4% | 2 of 3 | -0.050 | 1 of 3 | -0.125 | 1 of 2 |"
+
+
+def test_scst_targets_read_the_comparison_rows_at_their_bounds():
+    targets = load_benchmark("scst_targets").targets
+    met = targets({"CIDEr": {"relative": 0.15}, "grounding": {"interval": [-0.1, 0.0]},
+                   "grounding_noun": {"interval": [-0.2, -0.01]}, "size_accuracy": {"interval": None}})
+    # +15% exactly meets the CIDEr target; an interval ending at 0 reaches zero; no interval: unknown.
+    assert met == {"cider_plus_15pct": True, "grounding_not_lower": True,
+                   "grounding_noun_not_lower": False, "size_accuracy_not_lower": None}
+    assert targets({"CIDEr": {"relative": 0.149}})["cider_plus_15pct"] is False
+    assert targets({})["cider_plus_15pct"] is False  # no CIDEr row: not met
