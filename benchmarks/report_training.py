@@ -380,10 +380,11 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     size-accuracy differences reaching zero or above (a seed without that
     interval is not counted).
     """
-    groups: Dict[Tuple[str, float], List[Tuple[int, Dict[str, Any]]]] = {}
+    groups: Dict[Tuple[str, int, float], List[Tuple[int, Dict[str, Any]]]] = {}
     for run in runs:
         for r in run["scst"].values():
-            groups.setdefault((run["attention"], r["attention_kl"]), []).append((run["seed"], r))
+            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"])
+            groups.setdefault(key, []).append((run["seed"], r))
 
     def mean_and_met(records, key, relative=False):
         rows = [r["versus_xe"][key] for r in records if (r["versus_xe"].get(key) or {}).get("interval")]
@@ -394,14 +395,16 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
         return (f"{mean * 100:+.1f}%" if relative else f"{mean:+.3f}"), f"{met} of {len(rows)}"
 
     out = []
-    for (attention, weight), seeded in sorted(groups.items(), key=lambda g: (g[0][0] != "soft", g[0][1])):
+    for (attention, test_images, weight), seeded in sorted(groups.items(),
+                                                          key=lambda g: (g[0][0] != "soft", *g[0][1:])):
         variant = "SCST" if not weight else f"SCST + anchor {num(weight, 2)}"
         seeded.sort(key=lambda x: x[0])
         seeds, records = [seed for seed, _ in seeded], [r for _, r in seeded]
         cells = [c for key, rel in (("CIDEr", True), ("grounding", False), ("size_accuracy", False))
                  for c in mean_and_met(records, key, rel)]
-        out.append([attention, variant, ", ".join(map(str, seeds)), *cells])
-    return table(["attention", "model", "seeds", "CIDEr change (mean)", "seeds at +15% or more",
+        out.append([attention, num(test_images, 0) if test_images else "config's", variant,
+                    ", ".join(map(str, seeds)), *cells])
+    return table(["attention", "test images", "model", "seeds", "CIDEr change (mean)", "seeds at +15% or more",
                   "grounding difference (mean)", "seeds reaching 0",
                   "size_accuracy difference (mean)", "seeds reaching 0"], out)
 
@@ -426,8 +429,9 @@ def t_scst_grounding(ctx: Context) -> Rendered:
             "relation_accuracy", "size_accuracy"]
     rows = []
     for run in runs:
-        label = f"{run['attention']}, seed {run['seed']}"
         xe = run["xe"]
+        label = f"{run['attention']}, seed {run['seed']}" + (
+            f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])
         for r in sorted(run["scst"].values(), key=lambda r: r["attention_kl"]):
@@ -451,4 +455,5 @@ def t_scst_grounding_targets(ctx: Context) -> Rendered:
         "", "Over the seeds of the table above: the mean difference from cross-entropy, and how many "
             "seeds met the target (CIDEr at least +15%; the 95% interval of the grounding or "
             "size_accuracy difference reaching zero or above). Both over the seeds whose record has "
-            "that interval (the first records have none for size_accuracy)."], records
+            "that interval (the first records have none for size_accuracy). Test images: "
+            "`--test-images`, or the config's own test split (410 images on scenes)."], records

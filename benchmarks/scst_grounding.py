@@ -54,6 +54,7 @@ def _record(summary: dict) -> dict:
     scst = model.get("scst") or {}
     return {
         "metrics": {k: evaluation["metrics"].get(k) for k in METRICS},
+        "test_images": evaluation["metrics"].get("num_test_images"),
         "versus_xe": {row["metric"]: {k: row.get(k) for k in ("baseline", "difference",
                                                               "interval", "relative")}
                       for row in comparison
@@ -68,6 +69,21 @@ def _record(summary: dict) -> dict:
         "best_val_cider": scst.get("best_cider"),
         "model": summary["stages"]["Trainer"]["outputs"]["model"],
     }
+
+
+def test_split(config: str, overrides: list[str], test_images: int) -> list[str]:
+    """Overrides giving the test split about `test_images` images while the train
+    and val splits keep the config's sizes: more images, the same counts outside
+    test (ExampleGen assigns splits by a hash of the image id, so the images
+    differ but the sizes do not)."""
+    from pipeline.config import load_config
+
+    data = load_config(config, overrides).data
+    kept = data.num_images * (1.0 - data.test_fraction)  # train + val images
+    total = round(kept + test_images)
+    return [f"data.num_images={total}",
+            f"data.val_fraction={data.val_fraction * data.num_images / total:.6f}",
+            f"data.test_fraction={test_images / total:.6f}"]
 
 
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
@@ -104,10 +120,15 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated train.seed values")
     p.add_argument("--anchor-weights", default="1.0",
                    help="comma-separated train.scst_attention_kl values to compare with plain SCST")
+    p.add_argument("--test-images", type=int, default=0,
+                   help="test split of about this many images, train and val kept (0: the "
+                        "config's); more test images narrow the Evaluator's intervals")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="config overrides for every run")
     args = p.parse_args(argv)
     weights = [float(w) for w in args.anchor_weights.split(",") if w.strip()]
+    if args.test_images:
+        args.overrides += test_split(args.config, args.overrides, args.test_images)
     # The data stages, once for every run (their artifacts do not depend on the decoder).
     _run(os.path.join(args.root, "data"), args.config, args.overrides,
          stages="ExampleGen,EncoderTrainer,Preprocess")
@@ -119,7 +140,8 @@ def main(argv=None) -> int:
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
     seeds = [s.strip() for s in args.seeds.split(",") if s.strip()]
-    write_result("scst_grounding", {"config": args.config, "runs": runs}, argv=argv,
+    write_result("scst_grounding", {"config": args.config, "overrides": args.overrides,
+                                    "runs": runs}, argv=argv,
                  variant="-".join(attentions) + "-seed" + "-".join(seeds))
     return 0
 

@@ -85,7 +85,7 @@ def test_scst_targets_count_the_seeds_that_meet_them(tmp_path):
     row = next(line for line in doc.read_text().splitlines() if line.startswith("| soft |"))
     # CIDEr: mean of +20%, +10%, +16.25%; two seeds at +15% or more. Grounding: mean -0.050, the
     # intervals' tops -0.01, -0.05, +0.06. Size: only seeds 1 and 2 have an interval.
-    assert row == "| soft | SCST | 0, 1, 2 | +15.4% | 2 of 3 | -0.050 | 1 of 3 | -0.125 | 1 of 2 |"
+    assert row == "| soft | config's | SCST | 0, 1, 2 | +15.4% | 2 of 3 | -0.050 | 1 of 3 | -0.125 | 1 of 2 |"
 
 
 def test_scst_targets_read_the_comparison_rows_at_their_bounds():
