@@ -51,3 +51,15 @@ def test_plain_and_anchored_scst_are_compared_with_the_same_cross_entropy_model(
     [run] = record["figures"]["runs"]
     assert run["seed"] == 3 and set(run["scst"]) == {"plain", "anchor0.5"}
     assert run["xe"]["metrics"]["CIDEr"] is not None and run["xe"]["versus_xe"] == {}
+
+
+def test_test_images_enlarge_the_test_split_and_keep_train_and_val():
+    from pipeline.config import load_config
+    from tests.benchmarks import load_benchmark
+
+    overrides = load_benchmark("scst_grounding").test_split("scenes", [], 2000)
+    before, after = load_config("scenes").data, load_config("scenes", overrides).data
+    counts = lambda d: (d.num_images * (1 - d.val_fraction - d.test_fraction),  # noqa: E731
+                        d.num_images * d.val_fraction, d.num_images * d.test_fraction)
+    (train0, val0, _), (train1, val1, test1) = counts(before), counts(after)
+    assert (round(train1), round(val1), round(test1)) == (round(train0), round(val0), 2000)
