@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import numpy as np
 
@@ -185,15 +185,17 @@ class ServerProcess:
     """`python -m serving.server.model_server` on free loopback ports, stopped with SIGTERM."""
 
     def __init__(self, base: str, model_name: str, batching: Optional[Dict[str, int]],
-                 extra: Sequence[str] = ()):
+                 extra: Sequence[str] = (), cpus: Optional[Set[int]] = None):
         command = [sys.executable, "-m", "serving.server.model_server", "--model-base-path", base,
                    "--model-name", model_name, "--port", "0", "--rest-port", "0",
                    "--poll-seconds", "30", "--log-level", "WARNING", *extra]
         if batching:
             command += ["--enable-batching"] + [
                 f"--{k.replace('_', '-')}={v}" for k, v in batching.items()]
+        # `cpus`: the server (every thread it starts) runs on these CPUs only.
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True)
+                                        stderr=subprocess.DEVNULL, text=True, preexec_fn=pin)
         self.address = self.rest_url = None
         for line in self.process.stdout:
             match = re.match(r"serving: grpc=(\S+) rest=(\S+)", line)
