@@ -355,6 +355,7 @@ def level_targets(levels: Dict[str, dict], deadline: float, alive: bool) -> Dict
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    available = os.sched_getaffinity(0)
     if args.client_cpus:
         os.sched_setaffinity(0, args.client_cpus)  # before any thread of the client starts
 
@@ -416,6 +417,7 @@ def main(argv=None) -> int:
                "server_flags": server_flags, "batching": batching, "cpus": cpus,
                "client_threads": args.threads}
     print(json.dumps(summary))
+    os.sched_setaffinity(0, available)  # the record names the host's CPUs, not the client's
     write_result("serving_load", summary, argv=argv,
                  variant=args.variant or ("" if args.scale == 1.0 else f"scale{args.scale:g}"))
     return 0
