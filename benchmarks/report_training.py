@@ -372,6 +372,12 @@ def _with_versus(record: Dict[str, Any], key: str) -> str:
     return f"{metric(record['metrics'], key)} ({versus})" if versus else metric(record["metrics"], key)
 
 
+def _scst_variant(r: Dict[str, Any]) -> str:
+    """An SCST record's model: plain, anchored, with cross-entropy mixed in."""
+    name = "SCST" + (f" + anchor {num(r['attention_kl'], 2)}" if r["attention_kl"] else "")
+    return name + (f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else "")
+
+
 def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     """Per attention and variant, over its seeds: mean differences and how many seeds met each target.
 
@@ -383,7 +389,7 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     groups: Dict[Tuple[str, int, float], List[Tuple[int, Dict[str, Any]]]] = {}
     for run in runs:
         for r in run["scst"].values():
-            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"])
+            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"], r.get("xe_weight") or 0)
             groups.setdefault(key, []).append((run["seed"], r))
 
     def mean_and_met(records, key, relative=False):
@@ -395,9 +401,9 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
         return (f"{mean * 100:+.1f}%" if relative else f"{mean:+.3f}"), f"{met} of {len(rows)}"
 
     out = []
-    for (attention, test_images, weight), seeded in sorted(groups.items(),
-                                                          key=lambda g: (g[0][0] != "soft", *g[0][1:])):
-        variant = "SCST" if not weight else f"SCST + anchor {num(weight, 2)}"
+    for (attention, test_images, *_), seeded in sorted(groups.items(),
+                                                       key=lambda g: (g[0][0] != "soft", *g[0][1:])):
+        variant = _scst_variant(seeded[0][1])
         seeded.sort(key=lambda x: x[0])
         seeds, records = [seed for seed, _ in seeded], [r for _, r in seeded]
         cells = [c for key, rel in (("CIDEr", True), ("grounding", False), ("size_accuracy", False))
@@ -416,11 +422,15 @@ def _scst_grounding_runs(ctx: Context) -> Tuple[List[Dict[str, Any]], List[Any]]
     # attention and seed replaces an earlier one.
     records = [ctx.latest(stem) for stem in sorted(ctx.by_stem)
                if stem.startswith("scst_grounding-")]
-    newest = {}
+    # Variants from later records of the same run (`--scst-set`) join its row group.
+    newest: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
     for rec in sorted(records, key=lambda r: r.order):
         for run in rec.figures["runs"]:
-            newest[(run["attention"], run["seed"])] = run
-    return [newest[k] for k in sorted(newest, key=lambda k: (k[0] != "soft", k[1]))], records
+            key = (run["attention"], (run.get("xe") or {}).get("test_images") or 0, run["seed"])
+            merged = newest.setdefault(key, {**run, "scst": {}})
+            merged.update({k: v for k, v in run.items() if k != "scst"})
+            merged["scst"].update(run["scst"])
+    return [newest[k] for k in sorted(newest, key=lambda k: (k[0] != "soft", k[1], k[2]))], records
 
 
 def t_scst_grounding(ctx: Context) -> Rendered:
@@ -434,8 +444,8 @@ def t_scst_grounding(ctx: Context) -> Rendered:
             f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])
-        for r in sorted(run["scst"].values(), key=lambda r: r["attention_kl"]):
-            variant = "SCST" if not r["attention_kl"] else f"SCST + anchor {num(r['attention_kl'], 2)}"
+        for r in sorted(run["scst"].values(), key=lambda r: (r.get("xe_weight") or 0, r["attention_kl"])):
+            variant = _scst_variant(r)
             m = r["metrics"]
             rows.append([label, variant, f"{metric(m, 'CIDEr')} ({_versus(r, 'CIDEr', relative=True)})",
                          metric(m, "Bleu_4"), metric(m, "METEOR"),

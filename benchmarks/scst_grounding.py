@@ -16,8 +16,9 @@ images, with its paired bootstrap (the interval of each difference).
 
 Prints one JSON line per run and a last line with the CPU; records
 everything with `write_result("scst_grounding", ..., variant=<attentions>-seed<seeds>)`
-(`scst_grounding-soft-seed1-2-<date>-<host>.json`; the docs' table reads every
-such record, one row group per attention and seed). Targets: CIDEr at
+(`scst_grounding-soft-seed1-2-<date>-<host>.json`, with `-<key><value>` for each
+`--scst-set`; the docs' table reads every such record, one row group per
+attention, seed and test split, the variants of later records added to it). Targets: CIDEr at
 least +15% over cross-entropy, and the intervals of the grounding and
 size-accuracy differences reaching zero or above.
 """
@@ -66,6 +67,7 @@ def _record(summary: dict) -> dict:
                              if model.get("train_seconds_total") and model.get("steps") else None),
         "steps": model.get("steps"), "best_epoch": scst.get("best_epoch"),
         "epochs": scst.get("epochs"), "start_cider": scst.get("start_cider"),
+        "xe_weight": scst.get("xe_weight"),
         "best_val_cider": scst.get("best_cider"),
         "model": summary["stages"]["Trainer"]["outputs"]["model"],
     }
@@ -87,7 +89,7 @@ def test_split(config: str, overrides: list[str], test_images: int) -> list[str]
 
 
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
-             extra: list[str]) -> dict:
+             extra: list[str], scst_extra: list[str] = ()) -> dict:
     base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
     xe_root = os.path.join(root, f"{attention}-seed{seed}", "xe")
     if not os.path.exists(xe_root):
@@ -96,13 +98,14 @@ def one_seed(root: str, config: str, attention: str, seed: int, weights: list[fl
     xe_model = xe["stages"]["Trainer"]["outputs"]["model"]
     out = {"attention": attention, "seed": seed, "xe": _record(xe), "scst": {}}
     for weight in [0.0] + weights:
-        name = "plain" if weight == 0 else f"anchor{weight:g}"
+        name = ("plain" if weight == 0 else f"anchor{weight:g}") + "".join(
+            "+" + item.split(".")[-1] for item in scst_extra)  # e.g. plain+scst_xe_weight=0.1
         copy = os.path.join(root, f"{attention}-seed{seed}", name)
         if not os.path.exists(copy):
             shutil.copytree(xe_root, copy)
         model = os.path.join(copy, os.path.relpath(xe_model, xe_root))
         run = _run(copy, config, base + ["train.objective=scst", f"train.init_model={model}",
-                                         f"train.scst_attention_kl={weight:g}"])
+                                         f"train.scst_attention_kl={weight:g}", *scst_extra])
         record = _record(run)
         record["attention_kl"] = weight
         record["targets"] = targets(record["versus_xe"])
@@ -123,6 +126,9 @@ def main(argv=None) -> int:
     p.add_argument("--test-images", type=int, default=0,
                    help="test split of about this many images, train and val kept (0: the "
                         "config's); more test images narrow the Evaluator's intervals")
+    p.add_argument("--scst-set", dest="scst_overrides", action="append", default=[],
+                   metavar="K=V", help="config overrides for the SCST runs only (the "
+                                       "cross-entropy model stays cached), e.g. train.scst_xe_weight=0.1")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="config overrides for every run")
     args = p.parse_args(argv)
@@ -136,13 +142,14 @@ def main(argv=None) -> int:
     for attention in [a.strip() for a in args.attention.split(",") if a.strip()]:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             runs.append(one_seed(args.root, args.config, attention, seed, weights,
-                                 args.overrides))
+                                 args.overrides, args.scst_overrides))
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
     seeds = [s.strip() for s in args.seeds.split(",") if s.strip()]
     write_result("scst_grounding", {"config": args.config, "overrides": args.overrides,
                                     "runs": runs}, argv=argv,
-                 variant="-".join(attentions) + "-seed" + "-".join(seeds))
+                 variant="-".join(attentions) + "-seed" + "-".join(seeds) + "".join(
+                     "-" + item.split(".")[-1].replace("=", "") for item in args.scst_overrides))
     return 0
 
 

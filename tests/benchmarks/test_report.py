@@ -97,3 +97,24 @@ def test_scst_targets_read_the_comparison_rows_at_their_bounds():
                    "grounding_noun_not_lower": False, "size_accuracy_not_lower": None}
     assert targets({"CIDEr": {"relative": 0.149}})["cider_plus_15pct"] is False
     assert targets({})["cider_plus_15pct"] is False  # no CIDEr row: not met
+
+
+def test_a_later_record_of_the_same_run_adds_its_variants_to_the_group(tmp_path):
+    report = load_benchmark("report")
+    results = tmp_path / "results"
+    results.mkdir()
+    first, later = _scst_run(0, 0.16, -0.06, None), _scst_run(0, 0.08, 0.01, None)
+    later["scst"] = {"plain+scst_xe_weight=0.1": {**later["scst"]["plain"], "xe_weight": 0.1}}
+    for day, (run, variant) in enumerate([(first, "soft-seed0"),
+                                          (later, "soft-seed0-scst_xe_weight0.1")], start=1):
+        record = {"benchmark": "scst_grounding", "date": f"2031-01-0{day}T10:00:00Z", "host": HOST,
+                  "command": f"python benchmarks/scst_grounding.py --seeds 0 # {variant}",
+                  "figures": {"config": "scenes", "runs": [run]}}
+        (results / f"scst_grounding-{variant}-2031-01-0{day}-test-cpu-9000-2c-avx2.json"
+         ).write_text(json.dumps(record))
+    doc = tmp_path / "DOC.md"
+    doc.write_text("<!-- table:scst-grounding-targets:start -->\n<!-- table:scst-grounding-targets:end -->\n")
+    assert report.main(["--results-dir", str(results), str(doc)]) == 0
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| soft |")]
+    assert [row.split(" | ")[2] for row in rows] == ["SCST", "SCST + cross-entropy 0.10"]
+    assert rows[1].split(" | ")[4] == "+10.0%"  # the later record's own figures
