@@ -88,6 +88,12 @@ def test_split(config: str, overrides: list[str], test_images: int) -> list[str]
             f"data.test_fraction={test_images / total:.6f}"]
 
 
+def _short(item: str) -> str:
+    """'train.scst_xe_weight=0.1' -> 'scst_xe_weight=0.1' (the key without its section)."""
+    key, _, value = item.partition("=")
+    return f"{key.split('.')[-1]}={value}"
+
+
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
              extra: list[str], scst_extra: list[str] = ()) -> dict:
     base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
@@ -99,7 +105,7 @@ def one_seed(root: str, config: str, attention: str, seed: int, weights: list[fl
     out = {"attention": attention, "seed": seed, "xe": _record(xe), "scst": {}}
     for weight in [0.0] + weights:
         name = ("plain" if weight == 0 else f"anchor{weight:g}") + "".join(
-            "+" + item.split(".")[-1] for item in scst_extra)  # e.g. plain+scst_xe_weight=0.1
+            "+" + _short(item) for item in scst_extra)  # e.g. plain+scst_xe_weight=0.1
         copy = os.path.join(root, f"{attention}-seed{seed}", name)
         if not os.path.exists(copy):
             shutil.copytree(xe_root, copy)
@@ -149,7 +155,7 @@ def main(argv=None) -> int:
     write_result("scst_grounding", {"config": args.config, "overrides": args.overrides,
                                     "runs": runs}, argv=argv,
                  variant="-".join(attentions) + "-seed" + "-".join(seeds) + "".join(
-                     "-" + item.split(".")[-1].replace("=", "") for item in args.scst_overrides))
+                     "-" + _short(item).replace("=", "") for item in args.scst_overrides))
     return 0
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.benchmarks import run_benchmark
+from tests.benchmarks import load_benchmark, run_benchmark
 from tests.benchmarks.test_scst_benchmark import TINY, _artifact
 
 
@@ -55,7 +55,6 @@ def test_plain_and_anchored_scst_are_compared_with_the_same_cross_entropy_model(
 
 def test_test_images_enlarge_the_test_split_and_keep_train_and_val():
     from pipeline.config import load_config
-    from tests.benchmarks import load_benchmark
 
     overrides = load_benchmark("scst_grounding").test_split("scenes", [], 2000)
     before, after = load_config("scenes").data, load_config("scenes", overrides).data
@@ -63,3 +62,9 @@ def test_test_images_enlarge_the_test_split_and_keep_train_and_val():
                         d.num_images * d.val_fraction, d.num_images * d.test_fraction)
     (train0, val0, _), (train1, val1, test1) = counts(before), counts(after)
     assert (round(train1), round(val1), round(test1)) == (round(train0), round(val0), 2000)
+
+
+def test_an_scst_override_names_its_variant_by_key_and_value():
+    short = load_benchmark("scst_grounding")._short
+    assert short("train.scst_xe_weight=0.1") == "scst_xe_weight=0.1"
+    assert short("train.scst_samples=8") == "scst_samples=8"
