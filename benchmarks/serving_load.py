@@ -38,7 +38,11 @@ are counted as `late_sends`. Targets (issue: faults of real use): at 4x,
 admitted p99 within the deadline and at most 3x the p99 at 0.5x, refusals
 answered in under 50 ms (p99), no timeouts of admitted requests, no failed
 request during version swaps, RSS growth under 10%. Client and server share
-the host's cores: the client's own CPU use is part of what is measured.
+the host's cores, and the client's own CPU use is part of what is measured,
+unless `--server-cpus` and `--client-cpus` give each CPUs of its own (the
+server's threads inherit its CPUs; capacity is then measured on those).
+Each level also gives p99 and refusal times "away from swaps": only the
+requests sent while no version was loading.
 """
 from __future__ import annotations
 
