@@ -373,9 +373,12 @@ def _with_versus(record: Dict[str, Any], key: str) -> str:
 
 
 def _scst_variant(r: Dict[str, Any]) -> str:
-    """An SCST record's model: plain, anchored, with cross-entropy mixed in."""
+    """An SCST record's model: plain, anchored, with cross-entropy mixed in, other settings."""
     name = "SCST" + (f" + anchor {num(r['attention_kl'], 2)}" if r["attention_kl"] else "")
-    return name + (f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else "")
+    name += f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else ""
+    other = [item for item in r.get("scst_set") or ()  # `--scst-set` beyond those two
+             if item.split("=")[0] not in ("scst_xe_weight", "scst_attention_kl")]
+    return name + (f" ({', '.join(other)})" if other else "")
 
 
 def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
@@ -389,7 +392,8 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     groups: Dict[Tuple[str, int, float], List[Tuple[int, Dict[str, Any]]]] = {}
     for run in runs:
         for r in run["scst"].values():
-            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"], r.get("xe_weight") or 0)
+            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"], r.get("xe_weight") or 0,
+                   _scst_variant(r))
             groups.setdefault(key, []).append((run["seed"], r))
 
     def mean_and_met(records, key, relative=False):
@@ -444,7 +448,8 @@ def t_scst_grounding(ctx: Context) -> Rendered:
             f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])
-        for r in sorted(run["scst"].values(), key=lambda r: (r.get("xe_weight") or 0, r["attention_kl"])):
+        for r in sorted(run["scst"].values(),
+                        key=lambda r: (r.get("xe_weight") or 0, r["attention_kl"], _scst_variant(r))):
             variant = _scst_variant(r)
             m = r["metrics"]
             rows.append([label, variant, f"{metric(m, 'CIDEr')} ({_versus(r, 'CIDEr', relative=True)})",

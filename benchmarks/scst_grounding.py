@@ -114,6 +114,7 @@ def one_seed(root: str, config: str, attention: str, seed: int, weights: list[fl
                                          f"train.scst_attention_kl={weight:g}", *scst_extra])
         record = _record(run)
         record["attention_kl"] = weight
+        record["scst_set"] = [_short(item) for item in scst_extra]
         record["targets"] = targets(record["versus_xe"])
         out["scst"][name] = record
         print(json.dumps({"attention": attention, "seed": seed, "variant": name, **record}),

@@ -108,6 +108,12 @@ def test_scst_targets_read_the_comparison_rows_at_their_bounds():
 def test_a_later_record_of_the_same_run_adds_its_variants_to_the_group(tmp_path):
     first, later = _scst_run(0, 0.16, -0.06, None), _scst_run(0, 0.08, 0.01, None)
     later["scst"] = {"plain+scst_xe_weight=0.1": {**later["scst"]["plain"], "xe_weight": 0.1}}
-    rows = _targets_table(tmp_path, [("soft-seed0", first), ("soft-seed0-scst_xe_weight0.1", later)])
-    assert [row.split(" | ")[2] for row in rows] == ["SCST", "SCST + cross-entropy 0.10"]
-    assert rows[1].split(" | ")[4] == "+10.0%"  # the later record's own figures
+    other = _scst_run(0, 0.12, 0.01, None)
+    other["scst"] = {"plain+val_examples=1000": {**other["scst"]["plain"],
+                                                 "scst_set": ["val_examples=1000"]}}
+    rows = _targets_table(tmp_path, [("soft-seed0", first), ("soft-seed0-scst_xe_weight0.1", later),
+                                     ("soft-seed0-val_examples1000", other)])
+    assert [row.split(" | ")[2] for row in rows] == ["SCST", "SCST (val_examples=1000)",
+                                                     "SCST + cross-entropy 0.10"]
+    assert rows[2].split(" | ")[4] == "+10.0%"  # the later record's own figures
+    assert rows[1].split(" | ")[4] == "+15.0%"
