@@ -381,6 +381,11 @@ def _scst_variant(r: Dict[str, Any]) -> str:
     return name + (f" ({', '.join(other)})" if other else "")
 
 
+def _variant_order(r: Dict[str, Any]) -> Tuple[float, float, str]:
+    """Plain first, then by anchor weight, then by other settings; cross-entropy mixes last."""
+    return r.get("xe_weight") or 0, r["attention_kl"], _scst_variant(r)
+
+
 def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     """Per attention and variant, over its seeds: mean differences and how many seeds met each target.
 
@@ -392,8 +397,7 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     groups: Dict[Tuple[str, int, float], List[Tuple[int, Dict[str, Any]]]] = {}
     for run in runs:
         for r in run["scst"].values():
-            key = (run["attention"], r.get("test_images") or 0, r["attention_kl"], r.get("xe_weight") or 0,
-                   _scst_variant(r))
+            key = (run["attention"], r.get("test_images") or 0, *_variant_order(r))
             groups.setdefault(key, []).append((run["seed"], r))
 
     def mean_and_met(records, key, relative=False):
@@ -448,8 +452,7 @@ def t_scst_grounding(ctx: Context) -> Rendered:
             f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])
-        for r in sorted(run["scst"].values(),
-                        key=lambda r: (r.get("xe_weight") or 0, r["attention_kl"], _scst_variant(r))):
+        for r in sorted(run["scst"].values(), key=_variant_order):
             variant = _scst_variant(r)
             m = r["metrics"]
             rows.append([label, variant, f"{metric(m, 'CIDEr')} ({_versus(r, 'CIDEr', relative=True)})",

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import sys
+from typing import Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -95,7 +96,7 @@ def _short(item: str) -> str:
 
 
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
-             extra: list[str], scst_extra: list[str] = ()) -> dict:
+             extra: list[str], scst_extra: Sequence[str] = ()) -> dict:
     base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
     xe_root = os.path.join(root, f"{attention}-seed{seed}", "xe")
     if not os.path.exists(xe_root):

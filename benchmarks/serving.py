@@ -192,10 +192,13 @@ class ServerProcess:
         if batching:
             command += ["--enable-batching"] + [
                 f"--{k.replace('_', '-')}={v}" for k, v in batching.items()]
-        # `cpus`: the server (every thread it starts) runs on these CPUs only.
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, text=True, preexec_fn=pin)
+                                        stderr=subprocess.DEVNULL, text=True)
+        if cpus:
+            # `cpus`: the server runs on these CPUs only. Popen returns once the child has
+            # exec'd, before Python starts any thread there, and threads inherit the affinity
+            # (no preexec_fn: unsafe in this process, whose TensorFlow threads already run).
+            os.sched_setaffinity(self.process.pid, cpus)
         self.address = self.rest_url = None
         for line in self.process.stdout:
             match = re.match(r"serving: grpc=(\S+) rest=(\S+)", line)
