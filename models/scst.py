@@ -19,6 +19,13 @@ The attention anchor (`attention_kl`) adds, per sampled word, the KL
 divergence from the start model's attention map to the model's, both read
 teacher-forced on the same sampled caption: a penalty for looking elsewhere
 than the cross-entropy model did while saying the same words.
+
+The box term (`box_attention_nll`) uses the data's object boxes instead of
+a start model: at each sampled word that names an object of the image (its
+kind, colour or size; a COCO category), `-log` of the attention mass on the
+grid cells of the boxes of the objects that word names. Attention is a
+function of the words said, so a reward would only change which words are
+said; this term is differentiated and moves where the model looks.
 """
 from __future__ import annotations
 
@@ -113,7 +120,63 @@ def attention_kl(anchor_alpha, alpha, targets):
     return kl * losses.step_mask(targets)
 
 
-def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None) -> dict:
+def box_cells(boxes, grid_h: int, grid_w: int):
+    """(N, M, H * W) float32: 1 at the grid cells each box overlaps (positive area), else 0.
+
+    Args:
+      boxes: (N, M, 4) `ymin, xmin, ymax, xmax` normalized to [0, 1]; a box
+        with no area (padding) covers no cell.
+      grid_h, grid_w: the annotation grid (cell `i = y * W + x`, row-major).
+    """
+    boxes = tf.cast(boxes, tf.float32)
+    ymin, xmin, ymax, xmax = tf.unstack(boxes, axis=-1)                      # (N, M)
+
+    def overlap(lo, hi, n):
+        edges = tf.range(n + 1, dtype=tf.float32) / float(n)
+        return ((lo[..., None] < edges[1:]) & (hi[..., None] > edges[:-1])
+                & (hi > lo)[..., None])                                         # (N, M, n)
+
+    rows, cols = overlap(ymin, ymax, grid_h), overlap(xmin, xmax, grid_w)
+    cells = rows[..., :, None] & cols[..., None, :]                          # (N, M, H, W)
+    shape = tf.shape(cells)
+    return tf.cast(tf.reshape(cells, [shape[0], shape[1], grid_h * grid_w]), tf.float32)
+
+
+def word_regions(targets, object_words, object_cells):
+    """(N, T, L) float32: the cells of the objects each word names (1), else 0.
+
+    Args:
+      targets: (N, T) int word ids.
+      object_words: (N, M, W) int, the ids of the words naming each object
+        (-1: padding).
+      object_cells: (N, M, L) from `box_cells`.
+    """
+    targets = tf.cast(targets, tf.int32)
+    names = tf.equal(targets[:, :, None, None], tf.cast(object_words, tf.int32)[:, None])
+    named = tf.cast(tf.reduce_any(names, axis=-1), tf.float32)               # (N, T, M)
+    return tf.minimum(tf.einsum("ntm,nml->ntl", named, tf.cast(object_cells, tf.float32)), 1.0)
+
+
+def box_attention_nll(alpha, targets, regions):
+    """Per word, `-log` of the attention mass on the cells of the objects it names.
+
+    Args:
+      alpha: (N, T, L) the model's attention, map t the one used for word t.
+      targets: (N, T) int the words (`<pad>` masked).
+      regions: (N, T, L) from `word_regions`.
+    Returns:
+      `(nll (N, T), counted (N, T))` float32: the term at the words that name
+      an object with at least one cell, 0 elsewhere; `counted` marks those
+      words. Masses below `KL_FLOOR` are raised to it.
+    """
+    regions = tf.cast(regions, tf.float32)
+    mass = tf.reduce_sum(tf.cast(alpha, tf.float32) * regions, axis=-1)
+    counted = tf.cast(tf.reduce_sum(regions, axis=-1) > 0, tf.float32) * losses.step_mask(targets)
+    return -tf.math.log(tf.maximum(mass, KL_FLOOR)) * counted, counted
+
+
+def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,
+                      objects=None) -> dict:
     """The differentiable part: the advantage-weighted log-likelihood of the samples.
 
     Args:
@@ -123,13 +186,17 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None) 
       advantage: (batch, K) float32, treated as a constant.
       anchor_alpha: (batch * K, T, L) the start model's attention on the
         same captions (`teacher_forced_attention`), or None (no anchor).
+      objects: `(object_words (batch, M, W), object_cells (batch, M, L))`
+        for the box term (see `word_regions`), or None (no box term).
     Returns:
       dict of float32 scalars (sums, so that replicas can share one
       denominator): `policy_sum` = `sum -advantage * log p(w)` over the
       sampled words (`<end>` included), `sample_tokens` (their count),
       `nll_sum` (`-log p(w)` summed), `entropy_sum` (the entropy of each
       step's word distribution, summed over those steps), `attention_kl_sum`
-      (`attention_kl` summed over the sampled words; 0 without an anchor).
+      (`attention_kl` summed over the sampled words; 0 without an anchor),
+      `box_nll_sum` and `box_words` (`box_attention_nll` summed, and the
+      words it counted; 0 without `objects`).
     """
     targets, out = _teacher_forced(model, annotations, tokens)
     nll = losses.masked_nll(out["logits"], targets)                          # (bK, T)
@@ -139,8 +206,15 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None) 
     entropy = -tf.reduce_sum(tf.exp(log_probs) * log_probs, axis=-1)         # (bK, T)
     kl_sum = (tf.reduce_sum(attention_kl(anchor_alpha, out["alpha"], targets))
               if anchor_alpha is not None else tf.zeros(()))
+    box_nll_sum, box_words = tf.zeros(()), tf.zeros(())
+    if objects is not None:
+        k = tf.shape(tokens)[1]
+        object_words, object_cells = (tf.repeat(x, k, axis=0) for x in objects)
+        nll_box, counted = box_attention_nll(
+            out["alpha"], targets, word_regions(targets, object_words, object_cells))
+        box_nll_sum, box_words = tf.reduce_sum(nll_box), tf.reduce_sum(counted)
     return {"policy_sum": tf.reduce_sum(weight * nll),
             "sample_tokens": tf.reduce_sum(step_mask),
             "nll_sum": tf.reduce_sum(nll),
             "entropy_sum": tf.stop_gradient(tf.reduce_sum(entropy * step_mask)),
-            "attention_kl_sum": kl_sum}
+            "attention_kl_sum": kl_sum, "box_nll_sum": box_nll_sum, "box_words": box_words}

@@ -294,6 +294,24 @@ def parse_annotations(serialized, grid_shape: Sequence[int]) -> dict:
             "lengths": tf.cast(tf.sparse.to_dense(ex[CAPTION_LENGTHS]), tf.int32)}
 
 
+def parse_object_features(serialized) -> dict:
+    """TensorFlow parser of one record's `objects/*` features (either artifact).
+
+    Returns:
+      `bbox` (M, 4) float32 (M = 0 without boxes) and, per attribute name
+      (`color`, `shape`, `size`, `category`), a string vector: one value per
+      object, or empty where the record has no such attribute.
+    """
+    import tensorflow as tf
+    spec = {key: tf.io.VarLenFeature(tf.string) for key in OBJECT_ATTRIBUTES}
+    spec[OBJECT_BBOX] = tf.io.VarLenFeature(tf.float32)
+    ex = tf.io.parse_single_example(serialized, spec)
+    out = {key[len(OBJECTS_PREFIX):]: tf.sparse.to_dense(ex[key], default_value="")
+           for key in OBJECT_ATTRIBUTES}
+    out["bbox"] = tf.reshape(tf.sparse.to_dense(ex[OBJECT_BBOX]), [-1, 4])
+    return out
+
+
 def parse_caption_tokens(serialized) -> dict:
     """TensorFlow parser of one Annotations record's captions only (no grid is read).
 

@@ -25,6 +25,7 @@ from components.contract import config as config_lib
 from components.contract import schema
 from components.trainer import checkpointing, summaries
 from components.trainer.phase import Handoff, LoopSetup, Phase
+from components.trainer.scst_step import ScstStepOptions
 
 PHASE_DIR = "scst"
 # The smallest relative val_loss drop of a last epoch that counts as "still improving".
@@ -101,6 +102,8 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
             os.path.join(phase_dir, schema.CHECKPOINTS_DIR, "checkpoint")):
         check_start(config, history, handoff.stop_reason, say)  # before the costly setup
     scorer, longest = build_scorer(annotations_uri, setup.inputs.vocab_size, say)
+    if tcfg.scst_box_attention > 0:
+        check_boxes(annotations_uri)
     max_length = tcfg.scst_max_length or longest + 1
     inputs = scst_inputs(setup.inputs, config)
     announce = (f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
@@ -109,6 +112,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"captions up to {max_length} words, learning rate "
                 f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
+                f"box term weight {tcfg.scst_box_attention:g}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
                 f"early stopping on val CIDEr")
     return Phase(
@@ -116,7 +120,8 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         make_optimizer=functools.partial(_make_optimizer, tcfg),
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
-                                    max_length=max_length,
+                                    options=ScstStepOptions.from_config(
+                                        tcfg, max_length, inputs.grid_shape),
                                     make_anchor=functools.partial(
                                         _make_anchor, config=config, inputs=setup.inputs,
                                         start=start)),
@@ -172,15 +177,15 @@ def _make_anchor(strategy, *, config, inputs, start: str):
     return anchor
 
 
-def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_length: int,
-               make_anchor):
+def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer,
+               options: ScstStepOptions, make_anchor):
     """`run_step(batch, step)`: the self-critical step, sampling seeded by `(train.seed, step)`."""
     import tensorflow as tf
 
-    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    from components.trainer.scst_step import make_scst_step
     anchor = make_anchor(strategy) if tcfg.scst_attention_kl > 0 else None
     step_fn = make_scst_step(strategy, model, optimizer, scorer,
-                             ScstStepOptions.from_config(tcfg, max_length), element_spec,
+                             options, element_spec,
                              anchor=anchor)
 
     def run_step(batch, step: int) -> dict:
@@ -192,10 +197,8 @@ def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer, max_le
 
 def _write_summaries(writer, step: int, out: dict, *, model, optimizer, timing, tcfg) -> None:
     """The `scst/*` scalars of one step."""
-    summaries.write_scst_summaries(
-        writer, step, out, optimizer, throughput=timing.throughput(),
-        greedy_baseline=tcfg.scst_baseline == "greedy", xe_weight=tcfg.scst_xe_weight,
-        attention_kl=tcfg.scst_attention_kl)
+    summaries.write_scst_summaries(writer, step, out, optimizer,
+                                   throughput=timing.throughput(), tcfg=tcfg)
 
 
 def _no_warmup(model) -> int:
@@ -222,7 +225,7 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "best_epoch": int(state.best_epoch.numpy()), "samples": tcfg.scst_samples,
         "start_cider": read_start_record(phase_dir).get("start_cider"),
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
-        "attention_kl": tcfg.scst_attention_kl,
+        "attention_kl": tcfg.scst_attention_kl, "box_attention": tcfg.scst_box_attention,
         "learning_rate": tcfg.scst_learning_rate, "max_length": max_length,
         "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,
         "final_reward": (final["reward_sum"] / max(final["samples"], 1.0)
@@ -230,8 +233,15 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
 
 
 def scst_inputs(inputs, config):
-    """The cross-entropy `TrainInputs` with a dataset that also yields every reference."""
-    data = dataclasses.replace(inputs.data, references=True, bucket_by_length=False)
+    """The cross-entropy `TrainInputs` with a dataset that also yields every reference.
+
+    With `train.scst_box_attention` > 0 the batches also carry the objects'
+    boxes and naming words (`train_data.with_objects`).
+    """
+    word_ids = ({w: i for i, w in enumerate(inputs.id_to_word)}
+                if config.train.scst_box_attention > 0 else None)
+    data = dataclasses.replace(inputs.data, references=True, bucket_by_length=False,
+                               word_ids=word_ids)
     return dataclasses.replace(inputs, data=data,
                                total_steps=inputs.steps_per_epoch * config.train.scst_epochs)
 
@@ -246,6 +256,32 @@ def build_scorer(annotations_uri: str, vocab_size: int, log):
     log(f"SCST reward: CIDEr-D with the document frequencies of {len(references)} training "
         f"images ({scorer.num_keys} distinct n-grams); longest reference {longest} words")
     return scorer, longest
+
+
+# Train records read for boxes before the box term starts.
+BOX_CHECK_RECORDS = 256
+
+
+class NoBoxesError(config_lib.ConfigError):
+    """`train.scst_box_attention` > 0 on data without object boxes."""
+
+
+def check_boxes(annotations_uri: str) -> None:
+    """Refuses the box term when the first `BOX_CHECK_RECORDS` train records have no boxes.
+
+    Raises:
+      NoBoxesError: none of them carries `objects/bbox`.
+    """
+    import tensorflow as tf
+    files = schema.split_files(annotations_uri, "train")
+    for serialized in tf.data.TFRecordDataset(files).take(BOX_CHECK_RECORDS):
+        if tf.size(schema.parse_object_features(serialized)["bbox"]) > 0:
+            return
+    raise NoBoxesError(
+        f"train.scst_box_attention > 0 needs object boxes, and the first "
+        f"{BOX_CHECK_RECORDS} train records of {annotations_uri} have none: use data with "
+        "boxes (the synthetic sources, or COCO with data.instances_json) or set "
+        "train.scst_box_attention=0")
 
 
 def check_start(config, history: list[dict], stop_reason: str, log) -> None:

@@ -10,7 +10,11 @@ components/trainer/step.py), plus `train.scst_attention_kl` times the
 attention anchor: the KL divergence from the start model's attention map to
 the model's at each sampled word, divided by the same word count (the start
 model is a frozen copy read teacher-forced on the samples, outside the
-gradient tape). Gradients are all-reduced, clipped and applied by
+gradient tape), plus `train.scst_box_attention` times the box term: at each
+sampled word that names an object of the image, `-log` of the attention
+mass on that object's boxes (`models.scst.box_attention_nll`; the batches
+then carry `object_boxes` and `object_words`), divided by the same word
+count. Gradients are all-reduced, clipped and applied by
 `step.make_apply`. The sampling seed is `(train.seed, step)` folded with the
 replica id: a resumed run samples what the interrupted one would have.
 """
@@ -21,7 +25,8 @@ from typing import Callable
 
 SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_sum",
             "reward_sum", "baseline_sum", "greedy_reward_sum", "positive_advantage",
-            "samples", "examples", "nll_sum", "num_tokens", "attention_kl_sum")
+            "samples", "examples", "nll_sum", "num_tokens", "attention_kl_sum",
+            "box_nll_sum", "box_words")
 MEAN_KEYS = ("grad_norm", "loss_scale")
 
 
@@ -37,6 +42,8 @@ class ScstStepOptions:
       baseline: `"greedy"` or `"mean"`.
       xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
       attention_kl: weight of the attention anchor (0 = none).
+      box_attention: weight of the box term (0 = none).
+      grid: `(H, W)` of the annotation grid (the box term's cells).
     """
     clip_norm: float
     global_batch_size: int
@@ -45,14 +52,18 @@ class ScstStepOptions:
     baseline: str = "greedy"
     xe_weight: float = 0.0
     attention_kl: float = 0.0
+    box_attention: float = 0.0
+    grid: tuple = (0, 0)
 
     @classmethod
-    def from_config(cls, tcfg, max_length: int) -> "ScstStepOptions":
-        """The options of the `train` section, with the phase's caption length."""
+    def from_config(cls, tcfg, max_length: int, grid_shape=(0, 0)) -> "ScstStepOptions":
+        """The options of the `train` section, with the phase's caption length and grid."""
         return cls(clip_norm=tcfg.clip_norm, global_batch_size=tcfg.batch_size,
                    num_samples=tcfg.scst_samples, max_length=max_length,
                    baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight,
-                   attention_kl=tcfg.scst_attention_kl)
+                   attention_kl=tcfg.scst_attention_kl,
+                   box_attention=tcfg.scst_box_attention,
+                   grid=(int(grid_shape[0]), int(grid_shape[1])))
 
 
 def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size: int):
@@ -77,11 +88,55 @@ def _step_outputs(loss, terms: dict, sampled: dict, num_samples: int, batch, **r
     return {"loss": loss, "policy_sum": terms["policy_sum"],
             "sample_tokens": terms["sample_tokens"], "sample_nll_sum": terms["nll_sum"],
             "entropy_sum": terms["entropy_sum"], "attention_kl_sum": terms["attention_kl_sum"],
+            "box_nll_sum": terms["box_nll_sum"], "box_words": terms["box_words"],
             "reward_sum": tf.reduce_sum(sampled["reward"]),
             "baseline_sum": tf.reduce_sum(sampled["baseline"]),
             "greedy_reward_sum": tf.reduce_sum(sampled["greedy_reward"]),
             "positive_advantage": tf.reduce_sum(tf.cast(sampled["advantage"] > 0, tf.float32)),
             "samples": images * float(num_samples), "examples": images, **rest}
+
+
+def _check_inputs(options: ScstStepOptions, element_spec, anchor) -> None:
+    """What the anchor and the box term need: the start model; boxes and the grid."""
+    if options.attention_kl > 0 and anchor is None:
+        raise ValueError("attention_kl > 0 needs the start model as `anchor`")
+    if options.box_attention > 0 and not ("object_boxes" in element_spec
+                                          and options.grid[0] * options.grid[1] > 0):
+        raise ValueError("box_attention > 0 needs batches with object_boxes and "
+                         "object_words, and the grid")
+
+
+def _word_counts(ctx, sampled_tokens, tokens, replicas: int):
+    """`(local reference tokens, global sampled words, global reference tokens)`, float32."""
+    import tensorflow as tf
+
+    from models.text import PAD_ID
+    local_words = tf.reduce_sum(tf.cast(tf.not_equal(sampled_tokens, PAD_ID), tf.float32))
+    local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
+    counts = tf.stack([local_words, local_tokens])
+    global_words, global_tokens = tf.unstack(
+        ctx.all_reduce(tf.distribute.ReduceOp.SUM, counts) if replicas > 1 else counts)
+    return local_tokens, global_words, global_tokens
+
+
+def _box_inputs(batch, options: ScstStepOptions):
+    """`(object_words, object_cells)` of the batch for the box term, or None when it is off."""
+    if options.box_attention <= 0:
+        return None
+    from models import scst
+    return batch["object_words"], scst.box_cells(batch["object_boxes"], *options.grid)
+
+
+def _per_word_loss(terms: dict, options: ScstStepOptions, global_words):
+    """The policy loss plus the weighted anchor and box terms, per sampled word of all replicas."""
+    import tensorflow as tf
+    words = tf.maximum(global_words, 1.0)
+    loss = terms["policy_sum"] / words
+    if options.attention_kl > 0:
+        loss += options.attention_kl * terms["attention_kl_sum"] / words
+    if options.box_attention > 0:
+        loss += options.box_attention * terms["box_nll_sum"] / words
+    return loss
 
 
 def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
@@ -95,7 +150,8 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
       scorer: a `models.cider_d.CiderD` built from the training references.
       options: the `ScstStepOptions`.
       element_spec: the distributed dataset's `element_spec`; batches hold
-        `annotations`, `tokens` (one reference) and `references` (all).
+        `annotations`, `tokens` (one reference) and `references` (all), and
+        for the box term `object_boxes` and `object_words`.
       anchor: the frozen start model whose attention anchors the model's
         (needed when `options.attention_kl` > 0).
     Returns:
@@ -106,10 +162,8 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
 
     from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
-    from models.text import PAD_ID
     num_samples, xe_weight, kl_weight = options.num_samples, options.xe_weight, options.attention_kl
-    if kl_weight > 0 and anchor is None:
-        raise ValueError("attention_kl > 0 needs the start model as `anchor`")
+    _check_inputs(options, element_spec, anchor)
     replicas = strategy.num_replicas_in_sync
     variables = model.trainable_variables
     apply = make_apply(strategy, model, optimizer, options.clip_norm)
@@ -125,19 +179,15 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
             model, annotations, tf.cast(batch["references"], tf.int32), scorer,
             num_samples=num_samples, max_length=options.max_length, seed=seed,
             baseline=options.baseline)
-        local_words = tf.reduce_sum(tf.cast(tf.not_equal(sampled["tokens"], PAD_ID), tf.float32))
-        local_tokens = tf.reduce_sum(tf.cast(tf.not_equal(tokens[:, 1:], PAD_ID), tf.float32))
-        counts = tf.stack([local_words, local_tokens])
-        global_words, global_tokens = tf.unstack(
-            ctx.all_reduce(SUM, counts) if replicas > 1 else counts)
+        local_tokens, global_words, global_tokens = _word_counts(
+            ctx, sampled["tokens"], tokens, replicas)
         anchor_alpha = (scst.teacher_forced_attention(anchor, annotations, sampled["tokens"])
                         if kl_weight > 0 else None)
+        objects = _box_inputs(batch, options)
         with tf.GradientTape() as tape:
             terms = scst.policy_loss_terms(model, annotations, sampled["tokens"],
-                                           sampled["advantage"], anchor_alpha)
-            loss = terms["policy_sum"] / tf.maximum(global_words, 1.0)
-            if kl_weight > 0:
-                loss += kl_weight * terms["attention_kl_sum"] / tf.maximum(global_words, 1.0)
+                                           sampled["advantage"], anchor_alpha, objects)
+            loss = _per_word_loss(terms, options, global_words)
             nll_sum, num_tokens = tf.zeros(()), local_tokens
             if xe_weight > 0:
                 xe_loss, nll_sum = _mixed_xe_loss(model, annotations, tokens, global_tokens,

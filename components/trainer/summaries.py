@@ -69,8 +69,7 @@ def write_step_summaries(writer, step: int, out: dict, optimizer, *, hard: bool,
 
 
 def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput: float,
-                         greedy_baseline: bool, xe_weight: float,
-                         attention_kl: float = 0.0) -> None:
+                         tcfg) -> None:
     """The `scst/*` scalars of one self-critical step.
 
     Args:
@@ -79,9 +78,11 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
       out: the step's results (`scst_step.SUM_KEYS` and `scst_step.MEAN_KEYS`, floats).
       optimizer: for the current learning rate.
       throughput: examples per second so far.
-      greedy_baseline: `train.scst_baseline=greedy`: also the greedy captions' reward.
-      xe_weight: `train.scst_xe_weight`; above 0 also the mixed-in cross-entropy's NLL.
-      attention_kl: `train.scst_attention_kl`; above 0 also the anchor's mean KL per word.
+      tcfg: the `train` section: with `scst_baseline=greedy` also the greedy
+        captions' reward; `scst_xe_weight` above 0, the mixed-in
+        cross-entropy's NLL; `scst_attention_kl` above 0, the anchor's mean KL
+        per word; `scst_box_attention` above 0, the box term per word it
+        counts and the fraction of sampled words it counts.
     """
     samples = max(out["samples"], 1.0)
     words = max(out["sample_tokens"], 1.0)
@@ -97,10 +98,13 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
         "scst/learning_rate": scalar_value(optimizer.learning_rate),
         "scst/examples_per_second": throughput,
     }
-    if greedy_baseline:
+    if tcfg.scst_baseline == "greedy":
         values["scst/greedy_reward"] = out["greedy_reward_sum"] / max(out["examples"], 1.0)
-    if xe_weight > 0:
+    if tcfg.scst_xe_weight > 0:
         values["scst/xe_nll"] = out["nll_sum"] / max(out["num_tokens"], 1.0)
-    if attention_kl > 0:
+    if tcfg.scst_attention_kl > 0:
         values["scst/attention_kl"] = out["attention_kl_sum"] / words
+    if tcfg.scst_box_attention > 0:
+        values["scst/box_attention_nll"] = out["box_nll_sum"] / max(out["box_words"], 1.0)
+        values["scst/box_word_fraction"] = out["box_words"] / words
     write_scalars(writer, values, step)

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from components.contract import schema
 from components.contract.config.values import CHOICES
+from components.contract.object_words import object_words
 from models.text import PAD_ID
 
 # Batches of one length-sorted window (bucket_by_length), per replica.
@@ -86,7 +87,8 @@ def pick_caption(index, record, seed: int, epoch, references: bool = False):
       references: also return every caption of the image.
     Returns:
       dict: `annotations` (L, D) float16, `tokens` (n,) int32 one caption;
-      with `references`, `references` (R, T) int32, every caption, PAD-padded.
+      with `references`, `references` (R, T) int32, every caption, PAD-padded;
+      the record's `object_*` entries as they are.
     """
     key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
     key = tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
@@ -95,11 +97,54 @@ def pick_caption(index, record, seed: int, epoch, references: bool = False):
                                     dtype=tf.int32)
     start = tf.reduce_sum(lengths[:k])
     out = {"annotations": record["annotations"],
-           "tokens": record["tokens"][start:start + lengths[k]]}
+           "tokens": record["tokens"][start:start + lengths[k]],
+           **{key: value for key, value in record.items() if key.startswith("object_")}}
     if references:
         out["references"] = tf.RaggedTensor.from_row_lengths(
             record["tokens"], lengths).to_tensor(default_value=PAD_ID)
     return out
+
+
+# The `object_words` of padding (no word id is negative).
+NO_WORD = -1
+_OBJECT_ATTRIBUTES = ("color", "shape", "size", "category")
+
+
+def object_word_ids(objects, word_ids: Mapping[str, int]) -> np.ndarray:
+    """(M, W) int32: the vocabulary ids of the words naming each object, `NO_WORD`-padded.
+
+    Args:
+      objects: M object dicts (`components.contract.object_words.object_words`).
+      word_ids: word -> id (words outside it are dropped).
+    Returns:
+      One row per object (W >= 1).
+    """
+    rows = [[word_ids[w] for w in object_words(o) if w in word_ids] for o in objects]
+    out = np.full((len(rows), max([1] + [len(r) for r in rows])), NO_WORD, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def with_objects(serialized, record: dict, word_ids: Mapping[str, int]) -> dict:
+    """`record` with the boxes and naming words of the record's objects (tf.data).
+
+    Adds `object_boxes` (M, 4) float32 (`ymin, xmin, ymax, xmax`) and
+    `object_words` (M, W) int32 (`object_word_ids`); M = 0 without boxes.
+    """
+    parsed = schema.parse_object_features(serialized)
+
+    def ids(count, *columns):
+        objects = [{name: column[i].decode() for name, column
+                    in zip(_OBJECT_ATTRIBUTES, columns, strict=True)
+                    if i < len(column) and column[i]} for i in range(int(count))]
+        return object_word_ids(objects, word_ids)
+
+    words = tf.numpy_function(ids, [tf.shape(parsed["bbox"])[0],
+                                    *(parsed[name] for name in _OBJECT_ATTRIBUTES)],
+                              tf.int32, stateful=False)
+    words.set_shape([None, None])
+    return dict(record, object_boxes=parsed["bbox"], object_words=words)
 
 
 def _pad_time(batch, multiple: int):
@@ -133,6 +178,9 @@ class TrainData:
       parallel_reads: files read at once.
       references: batches also hold `references` (b, R, T'), every caption
         of each image (self-critical training scores samples against them).
+      word_ids: word -> id; when set, batches also hold `object_boxes`
+        (b, M, 4) and `object_words` (b, M, W) (`with_objects`; padded
+        with empty boxes and `NO_WORD`), for the self-critical box term.
     """
     files: Sequence[str]
     grid_shape: Sequence[int]
@@ -147,6 +195,7 @@ class TrainData:
     pad_multiple: int = 1
     parallel_reads: int = 8
     references: bool = False
+    word_ids: Mapping[str, int] | None = None
 
     def __post_init__(self):
         if not self.files:
@@ -161,9 +210,14 @@ class TrainData:
     def source(self) -> tf.data.Dataset:
         """`(index, parsed record)` in file order; cached when `cached` (built once)."""
         if self._source is None:
-            grid = list(self.grid_shape)
+            grid, word_ids = list(self.grid_shape), self.word_ids
+
+            def parse(serialized):
+                record = schema.parse_annotations(serialized, grid)
+                return record if word_ids is None else with_objects(serialized, record, word_ids)
+
             ds = _read(self.files, self.parallel_reads).map(
-                lambda r: schema.parse_annotations(r, grid), num_parallel_calls=tf.data.AUTOTUNE)
+                parse, num_parallel_calls=tf.data.AUTOTUNE)
             ds = ds.enumerate()
             if self.cached:
                 ds = ds.cache()
@@ -258,6 +312,8 @@ class TrainData:
         padding = {"annotations": tf.cast(0, dtype), "tokens": PAD_ID}
         if references:
             padding["references"] = PAD_ID
+        if self.word_ids is not None:
+            padding.update(object_boxes=0.0, object_words=NO_WORD)
         ds = ds.padded_batch(batch, padding_values=padding, drop_remainder=True)
         if self.bucket_by_length and not references:
             # Batches leave a window sorted by length: shuffle their order.

@@ -15,7 +15,7 @@ import pytest
 
 from components.contract import schema
 from components.contract.artifacts import Artifact
-from components.evaluator.metrics.category_grounding import (
+from components.contract.object_words import (
     COCO_CATEGORIES,
     mentions,
     name_table,

@@ -48,9 +48,21 @@ def _grid(i: int, rng) -> np.ndarray:
     return grid.astype(np.float16)
 
 
+def _object(i: int) -> dict:
+    """Image i's one object: its box covers grid cell `i % 9` (inset), its attributes the captions'."""
+    row, col = divmod(i % 9, GRID[1])
+    h, w = 1.0 / GRID[0], 1.0 / GRID[1]
+    size = "large" if SIZES[i % 2] == "big" else "small"
+    return {"bbox": (row * h + 0.05, col * w + 0.05, (row + 1) * h - 0.05, (col + 1) * w - 0.05),
+            "color": COLORS[i % 4], "shape": SHAPES[(i // 4) % 3], "size": size}
+
+
 def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
-                         seed: int = 0) -> tuple[str, str]:
+                         seed: int = 0, objects: bool = False) -> tuple[str, str]:
     """Published Annotations (train in 2 shards, val in 1) and Vocabulary artifacts.
+
+    With `objects`, each record also carries its object's box and attributes
+    (`_object`), as Preprocess copies them from synthetic Examples.
 
     Returns:
       `(annotations_uri, vocabulary_uri)`.
@@ -73,9 +85,11 @@ def write_tiny_artifacts(root: str, num_train: int = 32, num_val: int = 8,
             i = offset + j
             caps = _captions(i)
             ids = [text.encode(text.normalize(c), word_to_id) for c in caps]
+            boxes = (tf.train.Features(feature=schema.object_features([_object(i)]))
+                     .SerializeToString() if objects else b"")
             ex = schema.encode_annotations(
                 f"img-{i}", _grid(i, rng).reshape(GRID), [t for c in ids for t in c],
-                [len(c) for c in ids], caps)
+                [len(c) for c in ids], caps, boxes)
             writers[j % shards].write(ex.SerializeToString())
         for w in writers:
             w.close()

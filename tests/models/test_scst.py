@@ -146,3 +146,88 @@ def test_the_anchor_term_is_the_kl_to_the_start_models_attention(attention):
     assert abs(float(same["attention_kl_sum"])) < 1e-4
     assert float(scst.policy_loss_terms(model, a, tokens, np.ones((2, 2), np.float32))
                  ["attention_kl_sum"]) == 0.0
+
+
+def _numpy_cells(boxes, h, w):
+    """The reference: cell (y, x) is in a box when their rectangles overlap with positive area."""
+    out = np.zeros(boxes.shape[:2] + (h * w,), np.float32)
+    for n, m in np.ndindex(*boxes.shape[:2]):
+        ymin, xmin, ymax, xmax = boxes[n, m]
+        for y, x in np.ndindex(h, w):
+            dy = min(ymax, (y + 1) / h) - max(ymin, y / h)
+            dx = min(xmax, (x + 1) / w) - max(xmin, x / w)
+            out[n, m, y * w + x] = float(dy > 0 and dx > 0)
+    return out
+
+
+def test_box_cells_are_the_cells_a_box_overlaps():
+    rng = np.random.default_rng(1)
+    corners = np.sort(rng.uniform(0, 1, size=(3, 5, 2, 2)), axis=2)   # (N, M, lo/hi, y/x)
+    boxes = np.stack([corners[:, :, 0, 0], corners[:, :, 0, 1],
+                      corners[:, :, 1, 0], corners[:, :, 1, 1]], -1).astype(np.float32)
+    boxes[0, 0] = [0.0, 0.0, 0.0, 0.0]           # padding: no area, no cell
+    boxes[0, 1] = [0.40, 0.40, 0.45, 0.45]       # inside one cell of a 2x3 grid
+    got = scst.box_cells(boxes, 2, 3).numpy()
+    np.testing.assert_array_equal(got, _numpy_cells(boxes, 2, 3))
+    assert got[0, 0].sum() == 0 and got[0, 1].tolist() == [0, 1, 0, 0, 0, 0]
+
+
+def _numpy_box_nll(alpha, targets, object_words, cells):
+    """The reference: loops over words, objects and cells."""
+    nll = np.zeros(targets.shape)
+    counted = np.zeros(targets.shape)
+    for n, t in np.ndindex(*targets.shape):
+        if targets[n, t] == PAD_ID:
+            continue
+        region = np.zeros(cells.shape[-1], bool)
+        for m in range(object_words.shape[1]):
+            if targets[n, t] in object_words[n, m]:
+                region |= cells[n, m] > 0
+        if region.any():
+            counted[n, t] = 1.0
+            nll[n, t] = -np.log(max(float(alpha[n, t][region].sum()), 1e-8))
+    return nll, counted
+
+
+def test_the_box_term_matches_a_reference_on_a_small_case():
+    rng = np.random.default_rng(2)
+    alpha = rng.dirichlet(np.ones(4), size=(2, 4)).astype(np.float32)   # (N=2, T=4, L=4)
+    targets = np.array([[5, 6, 7, 0], [6, 8, 2, 0]], np.int32)
+    # Image 0: object 0 is named by 5 and 6, object 1 by 6; image 1: object 0 by 8, a box
+    # without area (named by 6: not counted), padding.
+    object_words = np.array([[[5, 6], [6, -1]], [[8, -1], [6, -1]]], np.int32)
+    boxes = np.array([[[0.0, 0.0, 0.4, 0.4], [0.6, 0.0, 1.0, 1.0]],
+                      [[0.0, 0.6, 1.0, 1.0], [0.3, 0.3, 0.3, 0.3]]], np.float32)
+    cells = scst.box_cells(boxes, 2, 2)
+    nll, counted = scst.box_attention_nll(
+        alpha, targets, scst.word_regions(targets, object_words, cells))
+    want_nll, want_counted = _numpy_box_nll(alpha, targets, object_words, cells.numpy())
+    np.testing.assert_allclose(nll.numpy(), want_nll, rtol=1e-5)
+    np.testing.assert_array_equal(counted.numpy(), want_counted)
+    assert want_counted.tolist() == [[1, 1, 0, 0], [0, 1, 0, 0]]
+    # "6" in image 0 names both objects: its region is their union (cells 0, 2, 3).
+    assert want_nll[0, 1] == pytest.approx(-np.log(alpha[0, 1][[0, 2, 3]].sum()), rel=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_box_term_of_the_policy_loss_is_computed_in_the_graph(attention):
+    model = make_model(attention, seed=3)
+    a = annotations(batch=2)
+    tokens = np.array([[[5, 6, 2, 0], [9, 2, 0, 0]], [[7, 2, 0, 0], [4, 4, 2, 0]]], np.int32)
+    object_words = np.array([[[5, 9]], [[4, -1]]], np.int32)          # one object per image
+    boxes = np.array([[[0.0, 0.0, 0.5, 0.5]], [[0.5, 0.5, 1.0, 1.0]]], np.float32)
+    cells = scst.box_cells(boxes, 3, 3)
+    ones = np.ones((2, 2), np.float32)
+    step = tf.function(lambda: scst.policy_loss_terms(model, a, tokens, ones, None,
+                                                      (object_words, cells)))
+    with tf.GradientTape() as tape:
+        terms = step()
+    grads = tape.gradient(terms["box_nll_sum"], model.trainable_variables)
+    assert any(g is not None and float(tf.norm(tf.convert_to_tensor(g))) > 0 for g in grads)
+    alpha = scst.teacher_forced_attention(model, a, tokens).numpy()
+    want, counted = _numpy_box_nll(alpha, tokens.reshape(4, 4), np.repeat(object_words, 2, 0),
+                                   np.repeat(cells.numpy(), 2, 0))
+    np.testing.assert_allclose(float(terms["box_nll_sum"]), want.sum(), rtol=1e-4)
+    assert float(terms["box_words"]) == counted.sum() == 4   # 5 and 9; 4 and 4
+    none = scst.policy_loss_terms(model, a, tokens, ones)
+    assert float(none["box_nll_sum"]) == float(none["box_words"]) == 0.0
