@@ -372,12 +372,20 @@ def _with_versus(record: Dict[str, Any], key: str) -> str:
     return f"{metric(record['metrics'], key)} ({versus})" if versus else metric(record["metrics"], key)
 
 
+# `--scst-set` keys named in a variant's label (the others are listed in parentheses).
+_LABELLED = {"scst_box_attention": "box term"}
+
+
 def _scst_variant(r: Dict[str, Any]) -> str:
-    """An SCST record's model: plain, anchored, with cross-entropy mixed in, other settings."""
+    """An SCST record's model: plain, anchored, with the box term, with cross-entropy mixed in, other settings."""
     name = "SCST" + (f" + anchor {num(r['attention_kl'], 2)}" if r["attention_kl"] else "")
+    settings = [item.partition("=") for item in r.get("scst_set") or ()]
+    for key, _, value in settings:
+        if key in _LABELLED and float(value):
+            name += f" + {_LABELLED[key]} {num(float(value), 2)}"
     name += f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else ""
-    other = [item for item in r.get("scst_set") or ()  # `--scst-set` beyond those two
-             if item.split("=")[0] not in ("scst_xe_weight", "scst_attention_kl")]
+    other = [f"{key}={value}" for key, _, value in settings  # `--scst-set` beyond those
+             if key not in ("scst_xe_weight", "scst_attention_kl", *_LABELLED)]
     return name + (f" ({', '.join(other)})" if other else "")
 
 
