@@ -14,6 +14,11 @@ and anchored at each `--anchor-weights` value. So every SCST model's
 Evaluator compares it with the same cross-entropy model, on the same test
 images, with its paired bootstrap (the interval of each difference).
 
+`--scst-set K=V` adds a setting to every SCST run of the call; with
+`--anchor-weights ""` only the unanchored one runs, e.g. the box term
+alone (`--scst-set train.scst_box_attention=1.0`), its record's rows joining
+those of the earlier records of the same attention, seed and test split.
+
 Prints one JSON line per run and a last line with the CPU; records
 everything with `write_result("scst_grounding", ..., variant=<attentions>-seed<seeds>)`
 (`scst_grounding-soft-seed1-2-<date>-<host>.json`, with `-<key><value>` for each
