@@ -402,11 +402,11 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     size-accuracy differences reaching zero or above (a seed without that
     interval is not counted).
     """
-    groups: Dict[Tuple[str, int, float], List[Tuple[int, Dict[str, Any]]]] = {}
+    groups: Dict[Tuple[Any, ...], List[Tuple[int, int, Dict[str, Any]]]] = {}
     for run in runs:
         for r in run["scst"].values():
             key = (run["attention"], r.get("test_images") or 0, *_variant_order(r))
-            groups.setdefault(key, []).append((run["seed"], r))
+            groups.setdefault(key, []).append((run["seed"], run.get("repeat", 1), r))
 
     def mean_and_met(records, key, relative=False):
         rows = [r["versus_xe"][key] for r in records if (r["versus_xe"].get(key) or {}).get("interval")]
@@ -419,9 +419,10 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
     out = []
     for (attention, test_images, *_), seeded in sorted(groups.items(),
                                                        key=lambda g: (g[0][0] != "soft", *g[0][1:])):
-        variant = _scst_variant(seeded[0][1])
-        seeded.sort(key=lambda x: x[0])
-        seeds, records = [seed for seed, _ in seeded], [r for _, r in seeded]
+        variant = _scst_variant(seeded[0][-1])
+        seeded.sort(key=lambda x: x[:2])
+        seeds = [_seed_label({"seed": seed, "repeat": repeat}) for seed, repeat, _ in seeded]
+        records = [r for *_, r in seeded]
         cells = [c for key, rel in (("CIDEr", True), ("grounding", False), ("size_accuracy", False))
                  for c in mean_and_met(records, key, rel)]
         out.append([attention, num(test_images, 0) if test_images else "config's", variant,
@@ -438,15 +439,37 @@ def _scst_grounding_runs(ctx: Context) -> Tuple[List[Dict[str, Any]], List[Any]]
     # attention and seed replaces an earlier one.
     records = [ctx.latest(stem) for stem in sorted(ctx.by_stem)
                if stem.startswith("scst_grounding-")]
-    # Variants from later records of the same run (`--scst-set`) join its row group.
-    newest: Dict[Tuple[str, int, int], Dict[str, Any]] = {}
+    # Variants from later records of the same run (`--scst-set`) join its row
+    # group: the same attention, seed and test split, and the same
+    # cross-entropy model, known by its test metrics (the data stages and the
+    # cross-entropy model trained again in a new root are another model).
+    newest: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     for rec in sorted(records, key=lambda r: r.order):
         for run in rec.figures["runs"]:
-            key = (run["attention"], (run.get("xe") or {}).get("test_images") or 0, run["seed"])
-            merged = newest.setdefault(key, {**run, "scst": {}})
+            xe = run.get("xe") or {}
+            key = (run["attention"], xe.get("test_images") or 0, run["seed"],
+                   *(round(xe.get("metrics", {}).get(m) or 0.0, 4) for m in _XE_IDENTITY))
+            merged = newest.setdefault(key, {**run, "scst": {}, "order": len(newest)})
             merged.update({k: v for k, v in run.items() if k != "scst"})
             merged["scst"].update(run["scst"])
-    return [newest[k] for k in sorted(newest, key=lambda k: (k[0] != "soft", k[1], k[2]))], records
+    def split(r):  # attention, seed, test images
+        return r["attention"], r["seed"], (r.get("xe") or {}).get("test_images") or 0
+
+    runs = sorted(newest.values(), key=lambda r: (r["attention"] != "soft", split(r)[2],
+                                                  r["seed"], r["order"]))
+    for i, run in enumerate(runs):  # a second cross-entropy model of the same seed: "(2nd)"
+        run["repeat"] = 1 + sum(split(r) == split(run) for r in runs[:i])
+    return runs, records
+
+
+# The cross-entropy test metrics that tell one cross-entropy model from another.
+_XE_IDENTITY = ("CIDEr", "Bleu_4", "grounding")
+
+
+def _seed_label(run: Dict[str, Any]) -> str:
+    """'3', or '3 (2nd)' for the second cross-entropy model of seed 3."""
+    ordinal = {2: "2nd", 3: "3rd"}.get(run.get("repeat", 1), f"{run.get('repeat')}th")
+    return str(run["seed"]) + (f" ({ordinal})" if run.get("repeat", 1) > 1 else "")
 
 
 def t_scst_grounding(ctx: Context) -> Rendered:
@@ -456,7 +479,7 @@ def t_scst_grounding(ctx: Context) -> Rendered:
     rows = []
     for run in runs:
         xe = run["xe"]
-        label = f"{run['attention']}, seed {run['seed']}" + (
+        label = f"{run['attention']}, seed {_seed_label(run)}" + (
             f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])

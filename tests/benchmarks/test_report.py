@@ -122,3 +122,22 @@ def test_a_later_record_of_the_same_run_adds_its_variants_to_the_group(tmp_path)
                                                      "SCST + cross-entropy 0.10"]
     assert rows[3].split(" | ")[4] == "+10.0%"  # the later record's own figures
     assert rows[1].split(" | ")[4] == "+15.0%"
+
+
+def test_a_second_cross_entropy_model_of_a_seed_is_its_own_group(tmp_path):
+    def run(xe_cider, variant, cider):
+        out = _scst_run(3, cider, -0.01, None)
+        out["xe"] = {"metrics": {"CIDEr": xe_cider, "Bleu_4": 0.25, "grounding": 0.8}}
+        settings = [variant.split("+", 1)[1]] if "+" in variant else []
+        out["scst"] = {variant: {**out["scst"]["plain"], "scst_set": settings}}
+        return out
+
+    rows = _targets_table(tmp_path, [
+        ("soft-seed3", run(0.815, "plain", 0.12)),
+        # the data stages and the cross-entropy model again, in a new root: another model
+        ("soft-seed3-scst_box_attention1.0", run(0.821, "plain+scst_box_attention=1.0", 0.16)),
+        ("soft-seed3-scst_box_attention0", run(0.821, "plain+scst_box_attention=0", 0.14))])
+    assert [row.split(" | ")[2:4] for row in rows] == [
+        ["SCST", "3, 3 (2nd)"], ["SCST + box term 1.00", "3 (2nd)"]]
+    # plain SCST: +15% on the first model, +17.5% on the second (the later record's own figures)
+    assert rows[0].split(" | ")[4] == "+16.2%"
