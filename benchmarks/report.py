@@ -18,8 +18,8 @@ A table reads the newest record of each benchmark and variant (the file name
 without its date and host tag). Older records of the same benchmark and
 variant, and the records `RETIRED` lists (replaced by a run of another name),
 are listed, not shown, in the `superseded` table. The records and cell
-formatting are in `report_records.py`, the tables in `report_training.py`
-and `report_serving.py`; this module holds the README's summary, the
+formatting are in `report_records.py`, the tables in `report_training.py`,
+`report_scst.py` and `report_serving.py`; this module holds the README's summary, the
 registry `TABLES` and the documents.
 
 Importing this module imports neither TensorFlow nor numpy.
@@ -51,6 +51,7 @@ from benchmarks.report_records import (  # noqa: E402
     table,
     where,
 )
+from benchmarks.report_scst import t_scst_grounding, t_scst_grounding_targets  # noqa: E402
 from benchmarks.report_serving import (  # noqa: E402
     t_artifact_checks,
     t_decode,
@@ -78,8 +79,6 @@ from benchmarks.report_training import (  # noqa: E402
     t_preprocess,
     t_readme_quality,
     t_scst,
-    t_scst_grounding,
-    t_scst_grounding_targets,
     t_train_profile,
     t_train_step,
     t_train_throughput,

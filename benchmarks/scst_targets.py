@@ -5,7 +5,7 @@ the same run, its CIDEr is at least 15% higher and the 95% paired bootstrap
 intervals of its grounding, grounding_noun and size_accuracy differences
 reach zero or above (the Evaluator's comparison rows: `difference`,
 `interval`, `relative`). benchmarks/scst_grounding.py writes them into each
-record; benchmarks/report_training.py counts them over seeds. No heavy
+record; benchmarks/report_scst.py counts them over seeds. No heavy
 imports: the report imports this.
 """
 from __future__ import annotations
