@@ -124,10 +124,15 @@ def _scst_grounding_runs(ctx: Context) -> Tuple[List[Dict[str, Any]], List[Any]]
 _XE_IDENTITY = ("CIDEr", "Bleu_4", "grounding")
 
 
+def _ordinal(run: Dict[str, Any]) -> str:
+    """'' for a seed's first cross-entropy model, '2nd' for its second, ..."""
+    repeat = run.get("repeat", 1)
+    return "" if repeat <= 1 else {2: "2nd", 3: "3rd"}.get(repeat, f"{repeat}th")
+
+
 def _seed_label(run: Dict[str, Any]) -> str:
     """'3', or '3 (2nd)' for the second cross-entropy model of seed 3."""
-    ordinal = {2: "2nd", 3: "3rd"}.get(run.get("repeat", 1), f"{run.get('repeat')}th")
-    return str(run["seed"]) + (f" ({ordinal})" if run.get("repeat", 1) > 1 else "")
+    return str(run["seed"]) + (f" ({_ordinal(run)})" if _ordinal(run) else "")
 
 
 def t_scst_grounding(ctx: Context) -> Rendered:
@@ -137,8 +142,9 @@ def t_scst_grounding(ctx: Context) -> Rendered:
     rows = []
     for run in runs:
         xe = run["xe"]
-        label = f"{run['attention']}, seed {_seed_label(run)}" + (
-            f" ({num(xe['test_images'], 0)} test images)" if xe.get("test_images") else "")
+        notes = [n for n in (_ordinal(run), xe.get("test_images") and
+                             f"{num(xe['test_images'], 0)} test images") if n]
+        label = f"{run['attention']}, seed {run['seed']}" + (f" ({'; '.join(notes)})" if notes else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])
         for r in sorted(run["scst"].values(), key=_variant_order):
