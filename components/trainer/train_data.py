@@ -107,7 +107,8 @@ def pick_caption(index, record, seed: int, epoch, references: bool = False):
 
 # The `object_words` of padding (no word id is negative).
 NO_WORD = -1
-_OBJECT_ATTRIBUTES = ("color", "shape", "size", "category")
+# The attribute names of `schema.parse_object_features`, in `schema.OBJECT_ATTRIBUTES` order.
+_OBJECT_ATTRIBUTES = tuple(key[len(schema.OBJECTS_PREFIX):] for key in schema.OBJECT_ATTRIBUTES)
 
 
 def object_word_ids(objects, word_ids: Mapping[str, int]) -> np.ndarray:
