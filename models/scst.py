@@ -39,7 +39,7 @@ BASELINES = ("greedy", "mean")
 
 
 def sample_and_reward(model, annotations, references, scorer, *, num_samples: int,
-                      max_length: int, seed, baseline: str = "greedy") -> dict:
+                      max_length: int, seed, baseline: str = "greedy", bonus=None) -> dict:
     """Samples captions and scores them: no gradient flows from here.
 
     Args:
@@ -51,6 +51,9 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
       max_length: most words per sampled caption (`<end>` included).
       seed: (2,) int tensor; the same seed samples the same captions.
       baseline: `"greedy"` or `"mean"` (see the module docstring).
+      bonus: None, or a callable `tokens (batch, K', T) -> (batch, K')`
+        float32 added to the reward of every caption it scores, the greedy
+        one included (the size reward, `size_bonus`).
     Returns:
       dict: `tokens` (batch, K, max_length) int32 sampled captions; float32
       `reward` and `baseline` (batch, K); `advantage` = reward - baseline;
@@ -63,10 +66,11 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
         raise ValueError("the mean-of-the-other-samples baseline needs num_samples >= 2")
     samples = sample_decode(model, annotations, num_samples, max_length, seed)
     tokens = tf.stop_gradient(samples["tokens"])
-    reward = tf.stop_gradient(scorer(tokens, references))                    # (batch, K)
+    score = scorer if bonus is None else (lambda t, r: scorer(t, r) + bonus(t))
+    reward = tf.stop_gradient(score(tokens, references))                     # (batch, K)
     if baseline == "greedy":
         greedy = greedy_decode(model, annotations, max_length, context_products=False)
-        greedy_reward = tf.stop_gradient(scorer(greedy["tokens"][:, None, :], references))
+        greedy_reward = tf.stop_gradient(score(greedy["tokens"][:, None, :], references))
         values = tf.broadcast_to(greedy_reward, tf.shape(reward))
         greedy_reward = greedy_reward[:, 0]
     else:
@@ -173,6 +177,81 @@ def box_attention_nll(alpha, targets, regions):
     mass = tf.reduce_sum(tf.cast(alpha, tf.float32) * regions, axis=-1)
     counted = tf.cast(tf.reduce_sum(regions, axis=-1) > 0, tf.float32) * losses.step_mask(targets)
     return -tf.math.log(tf.maximum(mass, KL_FLOOR)) * counted, counted
+
+
+# What a word does in an object phrase (`size_truth`'s `word_roles` table):
+# "stop" words (articles, numbers) end the phrase's run of modifiers.
+PHRASE_ROLES = ("other", "stop", "size", "color", "kind")
+_STOP, _SIZE, _COLOR, _KIND = (PHRASE_ROLES.index(r) for r in ("stop", "size", "color", "kind"))
+
+
+def _shift_right(x, d: int, fill):
+    """`x[:, t - d]` at every t (`fill` where t < d)."""
+    return tf.pad(x[:, :-d], [[0, 0], [d, 0]], constant_values=fill)
+
+
+def _phrase_modifiers(tokens, roles):
+    """`(color, size)` (N, T) int32: the word ids modifying the noun at each step, else -1.
+
+    Walking back from a kind word over the run of stop, size and colour
+    words right before it (the run ends after a stop word), the nearest
+    colour and the nearest size word, as the scenes caption parser reads a
+    phrase; -1 where the step is no kind word or the run has none.
+    """
+    steps = tokens.shape[1] if tokens.shape[1] is not None else 32
+    alive = tf.equal(roles, _KIND)
+    color = size = tf.fill(tf.shape(tokens), -1)
+    for d in range(1, steps):
+        role_d, token_d = _shift_right(roles, d, 0), _shift_right(tokens, d, -1)
+        alive &= (role_d == _STOP) | (role_d == _SIZE) | (role_d == _COLOR)
+        color = tf.where(alive & (role_d == _COLOR) & (color < 0), token_d, color)
+        size = tf.where(alive & (role_d == _SIZE) & (size < 0), token_d, size)
+        alive &= role_d != _STOP                        # the run ends after a stop word
+    return color, size
+
+
+def size_truth(tokens, word_roles, object_words):
+    """`(correct, sized)` (batch, K) float32: size words true, and said, of matched phrases.
+
+    A phrase is a kind word with its modifiers (`_phrase_modifiers`); it
+    matches the image's objects named by both its colour and its kind word
+    (`object_words`), as the Evaluator's `size_accuracy` matches phrases. A
+    matched phrase with a size word is *sized*, and *correct* when one of
+    those objects is also named by that size word.
+
+    Args:
+      tokens: (batch, K, T) int captions.
+      word_roles: (V,) int32, each word id's index in `PHRASE_ROLES`.
+      object_words: (batch, M, W) int, the ids of the words naming each
+        object (-1: padding).
+    """
+    shape = tf.shape(tokens)
+    flat = tf.reshape(tf.cast(tokens, tf.int32), [shape[0] * shape[1], shape[2]])
+    flat.set_shape([None, tokens.shape[-1]])
+    roles = tf.gather(tf.cast(word_roles, tf.int32), flat)
+    color, size = _phrase_modifiers(flat, roles)
+    names = tf.repeat(tf.cast(object_words, tf.int32), shape[1], axis=0)[:, None]  # (N,1,M,W)
+
+    def named(words):                                                         # (N, T, M)
+        return tf.reduce_any(tf.equal(words[:, :, None, None], names), axis=-1)
+
+    phrase = named(flat) & named(color) & (color >= 0)[..., None]
+    matched = tf.reduce_any(phrase, axis=-1) & tf.equal(roles, _KIND)
+    sized = matched & (size >= 0)
+    correct = sized & tf.reduce_any(phrase & named(size), axis=-1)
+
+    def per_caption(mask):
+        return tf.reshape(tf.reduce_sum(tf.cast(mask, tf.float32), -1), shape[:2])
+
+    return per_caption(correct), per_caption(sized)
+
+
+def size_bonus(word_roles, object_words, weight: float):
+    """`bonus(tokens) -> (batch, K)` for `sample_and_reward`: `weight` per true size word, minus `weight` per false one."""
+    def bonus(tokens):
+        correct, sized = size_truth(tokens, word_roles, object_words)
+        return weight * (2.0 * correct - sized)
+    return bonus
 
 
 def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,

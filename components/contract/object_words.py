@@ -15,7 +15,10 @@ model should look while it says a word). Both take the words from here.
   colour and its size (`components.synthetic.scenes_grammar`).
 
 `object_words` gives the single words that name one object, for a model
-that reads a caption one word at a time.
+that reads a caption one word at a time; `phrase_role` says what a word
+does in a synthetic object phrase ("a big red star"), for the Trainer's
+size reward (`train.scst_size_reward`), which reads phrases as the scenes
+parser does.
 """
 from __future__ import annotations
 
@@ -179,3 +182,28 @@ def _category_words(category: str) -> tuple[str, ...]:
         elif table.get(form[-1:], category) == category:
             words.add(form[-1])
     return tuple(sorted(words))
+
+
+def phrase_role(word: str) -> str:
+    """What a word does in a synthetic object phrase, as the scenes parser reads it.
+
+    Returns:
+      "kind" (a kind noun, singular or plural), "color", "size", "stop" (an
+      article or a number word: the phrase's modifiers start there) or
+      "other".
+    """
+    if word in _ROLES["kind"]:
+        return "kind"
+    for role in ("color", "size", "stop"):
+        if word in _ROLES[role]:
+            return role
+    return "other"
+
+
+_ROLES = {
+    "kind": {form for words in scenes_grammar.KIND_WORDS.values() for w in words
+             for form in (w, scenes_grammar.PLURALS.get(w, w + "s"))},
+    "color": {w for words in scenes_grammar.COLOR_WORDS.values() for w in words},
+    "size": {w for words in scenes_grammar.SIZE_WORDS.values() for w in words},
+    "stop": set(scenes_grammar.ARTICLES) | set(scenes_grammar.NUMBER_WORDS),
+}

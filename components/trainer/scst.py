@@ -23,6 +23,7 @@ import os
 
 from components.contract import config as config_lib
 from components.contract import schema
+from components.contract.object_words import phrase_role
 from components.trainer import checkpointing, summaries
 from components.trainer.phase import Handoff, LoopSetup, Phase
 from components.trainer.scst_step import ScstStepOptions
@@ -103,9 +104,12 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         check_start(config, history, handoff.stop_reason, say)  # before the costly setup
     scorer, longest = build_scorer(annotations_uri, setup.inputs.vocab_size, say)
     if tcfg.scst_box_attention > 0:
-        check_boxes(annotations_uri)
+        check_objects(annotations_uri, "bbox", "train.scst_box_attention")
+    if tcfg.scst_size_reward > 0:
+        check_objects(annotations_uri, "size", "train.scst_size_reward")
     max_length = tcfg.scst_max_length or longest + 1
     inputs = scst_inputs(setup.inputs, config)
+    roles = word_roles(setup.inputs.id_to_word) if tcfg.scst_size_reward > 0 else ()
     announce = (f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
                 f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
                 f"{scorer.num_documents} training images, {scorer.num_keys} n-grams), "
@@ -113,6 +117,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
                 f"box term weight {tcfg.scst_box_attention:g}, "
+                f"size reward {tcfg.scst_size_reward:g}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
                 f"early stopping on val CIDEr")
     return Phase(
@@ -121,7 +126,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
                                     options=ScstStepOptions.from_config(
-                                        tcfg, max_length, inputs.grid_shape),
+                                        tcfg, max_length, inputs.grid_shape, roles),
                                     make_anchor=functools.partial(
                                         _make_anchor, config=config, inputs=setup.inputs,
                                         start=start)),
@@ -226,6 +231,7 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "start_cider": read_start_record(phase_dir).get("start_cider"),
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
         "attention_kl": tcfg.scst_attention_kl, "box_attention": tcfg.scst_box_attention,
+        "size_reward": tcfg.scst_size_reward,
         "learning_rate": tcfg.scst_learning_rate, "max_length": max_length,
         "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,
         "final_reward": (final["reward_sum"] / max(final["samples"], 1.0)
@@ -235,11 +241,13 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
 def scst_inputs(inputs, config):
     """The cross-entropy `TrainInputs` with a dataset that also yields every reference.
 
-    With `train.scst_box_attention` > 0 the batches also carry the objects'
-    boxes and naming words (`train_data.with_objects`).
+    With `train.scst_box_attention` or `train.scst_size_reward` above 0 the
+    batches also carry the objects' boxes and naming words
+    (`train_data.with_objects`).
     """
+    tcfg = config.train
     word_ids = ({w: i for i, w in enumerate(inputs.id_to_word)}
-                if config.train.scst_box_attention > 0 else None)
+                if tcfg.scst_box_attention > 0 or tcfg.scst_size_reward > 0 else None)
     data = dataclasses.replace(inputs.data, references=True, bucket_by_length=False,
                                word_ids=word_ids)
     return dataclasses.replace(inputs, data=data,
@@ -258,30 +266,44 @@ def build_scorer(annotations_uri: str, vocab_size: int, log):
     return scorer, longest
 
 
-# Train records read for boxes before the box term starts.
-BOX_CHECK_RECORDS = 256
+def word_roles(id_to_word) -> tuple[int, ...]:
+    """Per word id, its index in `models.scst.PHRASE_ROLES` (`object_words.phrase_role`)."""
+    from models.scst import PHRASE_ROLES
+    return tuple(PHRASE_ROLES.index(phrase_role(w)) for w in id_to_word)
 
 
-class NoBoxesError(config_lib.ConfigError):
-    """`train.scst_box_attention` > 0 on data without object boxes."""
+# Train records read for objects before the box term or the size reward starts.
+OBJECT_CHECK_RECORDS = 256
+# What each check looks for, and the data that has it.
+_OBJECT_NEEDS = {
+    "bbox": ("object boxes", "the synthetic sources, or COCO with data.instances_json"),
+    "size": ("object sizes", "the synthetic sources, shapes or scenes"),
+}
 
 
-def check_boxes(annotations_uri: str) -> None:
-    """Refuses the box term when the first `BOX_CHECK_RECORDS` train records have no boxes.
+class NoObjectsError(config_lib.ConfigError):
+    """`train.scst_box_attention` or `train.scst_size_reward` > 0 on data without what it reads."""
 
+
+def check_objects(annotations_uri: str, attribute: str, setting: str) -> None:
+    """Refuses `setting` when the first `OBJECT_CHECK_RECORDS` train records lack `attribute`.
+
+    Args:
+      annotations_uri: the Annotations folder.
+      attribute: "bbox" (the box term) or "size" (the size reward).
+      setting: the setting that needs it, for the message.
     Raises:
-      NoBoxesError: none of them carries `objects/bbox`.
+      NoObjectsError: none of those records has an object with it.
     """
     import tensorflow as tf
     files = schema.split_files(annotations_uri, "train")
-    for serialized in tf.data.TFRecordDataset(files).take(BOX_CHECK_RECORDS):
-        if tf.size(schema.parse_object_features(serialized)["bbox"]) > 0:
+    for serialized in tf.data.TFRecordDataset(files).take(OBJECT_CHECK_RECORDS):
+        if tf.size(schema.parse_object_features(serialized)[attribute]) > 0:
             return
-    raise NoBoxesError(
-        f"train.scst_box_attention > 0 needs object boxes, and the first "
-        f"{BOX_CHECK_RECORDS} train records of {annotations_uri} have none: use data with "
-        "boxes (the synthetic sources, or COCO with data.instances_json) or set "
-        "train.scst_box_attention=0")
+    what, where = _OBJECT_NEEDS[attribute]
+    raise NoObjectsError(
+        f"{setting} > 0 needs {what}, and the first {OBJECT_CHECK_RECORDS} train records "
+        f"of {annotations_uri} have none: use data with {what} ({where}) or set {setting}=0")
 
 
 def check_start(config, history: list[dict], stop_reason: str, log) -> None:

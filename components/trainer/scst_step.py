@@ -14,7 +14,10 @@ gradient tape), plus `train.scst_box_attention` times the box term: at each
 sampled word that names an object of the image, `-log` of the attention
 mass on that object's boxes (`models.scst.box_attention_nll`; the batches
 then carry `object_boxes` and `object_words`), divided by the same word
-count. Gradients are all-reduced, clipped and applied by
+count. With `train.scst_size_reward` the reward of every caption (the
+greedy baseline's too) adds that weight for each size word true of the
+objects its phrase names and subtracts it for each false one
+(`models.scst.size_bonus`). Gradients are all-reduced, clipped and applied by
 `step.make_apply`. The sampling seed is `(train.seed, step)` folded with the
 replica id: a resumed run samples what the interrupted one would have.
 """
@@ -26,7 +29,7 @@ from typing import Callable
 SUM_KEYS = ("loss", "policy_sum", "sample_tokens", "sample_nll_sum", "entropy_sum",
             "reward_sum", "baseline_sum", "greedy_reward_sum", "positive_advantage",
             "samples", "examples", "nll_sum", "num_tokens", "attention_kl_sum",
-            "box_nll_sum", "box_words")
+            "box_nll_sum", "box_words", "size_correct", "size_words")
 MEAN_KEYS = ("grad_norm", "loss_scale")
 
 
@@ -44,6 +47,9 @@ class ScstStepOptions:
       attention_kl: weight of the attention anchor (0 = none).
       box_attention: weight of the box term (0 = none).
       grid: `(H, W)` of the annotation grid (the box term's cells).
+      size_reward: weight of the size reward (0 = none).
+      word_roles: per word id, its index in `models.scst.PHRASE_ROLES`
+        (the size reward's phrases).
     """
     clip_norm: float
     global_batch_size: int
@@ -54,16 +60,20 @@ class ScstStepOptions:
     attention_kl: float = 0.0
     box_attention: float = 0.0
     grid: tuple = (0, 0)
+    size_reward: float = 0.0
+    word_roles: tuple = ()
 
     @classmethod
-    def from_config(cls, tcfg, max_length: int, grid_shape=(0, 0)) -> "ScstStepOptions":
-        """The options of the `train` section, with the phase's caption length and grid."""
+    def from_config(cls, tcfg, max_length: int, grid_shape=(0, 0),
+                    word_roles=()) -> "ScstStepOptions":
+        """The options of the `train` section, with the phase's caption length, grid and word roles."""
         return cls(clip_norm=tcfg.clip_norm, global_batch_size=tcfg.batch_size,
                    num_samples=tcfg.scst_samples, max_length=max_length,
                    baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight,
                    attention_kl=tcfg.scst_attention_kl,
                    box_attention=tcfg.scst_box_attention,
-                   grid=(int(grid_shape[0]), int(grid_shape[1])))
+                   grid=(int(grid_shape[0]), int(grid_shape[1])),
+                   size_reward=tcfg.scst_size_reward, word_roles=tuple(word_roles))
 
 
 def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size: int):
@@ -82,7 +92,7 @@ def _mixed_xe_loss(model, annotations, tokens, global_tokens, global_batch_size:
 
 
 def _step_outputs(loss, terms: dict, sampled: dict, num_samples: int, batch, **rest) -> dict:
-    """One replica's `SUM_KEYS` and `MEAN_KEYS` (`rest`: nll_sum, num_tokens, grad_norm, loss_scale)."""
+    """One replica's `SUM_KEYS` and `MEAN_KEYS` (`rest`: nll_sum, num_tokens, grad_norm, loss_scale, size_correct, size_words)."""
     import tensorflow as tf
     images = tf.cast(batch, tf.float32)
     return {"loss": loss, "policy_sum": terms["policy_sum"],
@@ -104,6 +114,8 @@ def _check_inputs(options: ScstStepOptions, element_spec, anchor) -> None:
                                           and options.grid[0] * options.grid[1] > 0):
         raise ValueError("box_attention > 0 needs batches with object_boxes and "
                          "object_words, and the grid")
+    if options.size_reward > 0 and not ("object_words" in element_spec and options.word_roles):
+        raise ValueError("size_reward > 0 needs batches with object_words, and word_roles")
 
 
 def _word_counts(ctx, sampled_tokens, tokens, replicas: int):
@@ -125,6 +137,18 @@ def _box_inputs(batch, options: ScstStepOptions):
         return None
     from models import scst
     return batch["object_words"], scst.box_cells(batch["object_boxes"], *options.grid)
+
+
+def _size_reward(batch, options: ScstStepOptions):
+    """`(bonus for sample_and_reward, truth(tokens) -> (correct, sized))`, or Nones when off."""
+    if options.size_reward <= 0:
+        return None, None
+    import tensorflow as tf
+
+    from models import scst
+    roles = tf.constant(options.word_roles, tf.int32)
+    return (scst.size_bonus(roles, batch["object_words"], options.size_reward),
+            lambda tokens: scst.size_truth(tokens, roles, batch["object_words"]))
 
 
 def _per_word_loss(terms: dict, options: ScstStepOptions, global_words):
@@ -151,7 +175,8 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
       options: the `ScstStepOptions`.
       element_spec: the distributed dataset's `element_spec`; batches hold
         `annotations`, `tokens` (one reference) and `references` (all), and
-        for the box term `object_boxes` and `object_words`.
+        for the box term `object_boxes` and `object_words` (the size reward:
+        `object_words`).
       anchor: the frozen start model whose attention anchors the model's
         (needed when `options.attention_kl` > 0).
     Returns:
@@ -175,10 +200,13 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         seed = tf.random.experimental.stateless_fold_in(
             seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
         annotations, tokens = batch["annotations"], tf.cast(batch["tokens"], tf.int32)
+        bonus, size_truth = _size_reward(batch, options)
         sampled = scst.sample_and_reward(
             model, annotations, tf.cast(batch["references"], tf.int32), scorer,
             num_samples=num_samples, max_length=options.max_length, seed=seed,
-            baseline=options.baseline)
+            baseline=options.baseline, bonus=bonus)
+        size_correct, size_words = (tf.zeros(()), tf.zeros(())) if size_truth is None else (
+            tf.reduce_sum(x) for x in size_truth(sampled["tokens"]))
         local_tokens, global_words, global_tokens = _word_counts(
             ctx, sampled["tokens"], tokens, replicas)
         anchor_alpha = (scst.teacher_forced_attention(anchor, annotations, sampled["tokens"])
@@ -200,7 +228,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         norm, scale = apply(grads)
         out = _step_outputs(loss, terms, sampled, num_samples, tf.shape(annotations)[0],
                             nll_sum=nll_sum, num_tokens=num_tokens, grad_norm=norm,
-                            loss_scale=scale)
+                            loss_scale=scale, size_correct=size_correct, size_words=size_words)
         return (tf.stack([tf.cast(out[k], tf.float32) for k in SUM_KEYS]),
                 tf.stack([tf.cast(out[k], tf.float32) for k in MEAN_KEYS]))
 

@@ -82,7 +82,9 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
         captions' reward; `scst_xe_weight` above 0, the mixed-in
         cross-entropy's NLL; `scst_attention_kl` above 0, the anchor's mean KL
         per word; `scst_box_attention` above 0, the box term per word it
-        counts and the fraction of sampled words it counts.
+        counts and the fraction of sampled words it counts; `scst_size_reward`
+        above 0, the fraction of the samples' size words that are true and
+        how many each sample says (`scst/reward` includes the size reward).
     """
     samples = max(out["samples"], 1.0)
     words = max(out["sample_tokens"], 1.0)
@@ -107,4 +109,7 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
     if tcfg.scst_box_attention > 0:
         values["scst/box_attention_nll"] = out["box_nll_sum"] / max(out["box_words"], 1.0)
         values["scst/box_word_fraction"] = out["box_words"] / words
+    if tcfg.scst_size_reward > 0:
+        values["scst/size_word_accuracy"] = out["size_correct"] / max(out["size_words"], 1.0)
+        values["scst/size_words_per_caption"] = out["size_words"] / samples
     write_scalars(writer, values, step)

@@ -94,10 +94,12 @@ def test_scst_settings_are_checked_together():
         config_lib.load_config("tiny", ["train.objective=scst", "train.scst_epochs=0"])
     config = config_lib.load_config("tiny", ["train.objective=scst"])
     assert (config.train.scst_baseline, config.train.scst_samples) == ("greedy", 5)
-    for key in ("train.scst_attention_kl", "train.scst_xe_weight", "train.scst_box_attention"):
-        with pytest.raises(config_lib.ConfigError, match=f"{key}=-0.5: loss weights are 0"):
+    for key in ("train.scst_attention_kl", "train.scst_xe_weight", "train.scst_box_attention",
+                "train.scst_size_reward"):
+        with pytest.raises(config_lib.ConfigError,
+                           match=f"{key}=-0.5: the self-critical weights are 0"):
             config_lib.load_config("tiny", [f"{key}=-0.5"])
-        with pytest.raises(config_lib.ConfigError, match="loss weights"):
+        with pytest.raises(config_lib.ConfigError, match="self-critical weights"):
             config_lib.load_config("tiny", [f"{key}=nan"])
     assert config_lib.load_config("tiny", ["train.scst_attention_kl=1"]).train.scst_attention_kl == 1
 

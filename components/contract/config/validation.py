@@ -82,11 +82,11 @@ def validate(config: PipelineConfig) -> PipelineConfig:
     if not tcfg.min_delta >= 0:
         raise ConfigError(f"train.min_delta={tcfg.min_delta}: the smallest gain that counts "
                           "must be >= 0 (relative for val_loss, absolute for bleu4 and cider)")
-    weights = ("scst_attention_kl", "scst_xe_weight", "scst_box_attention")
+    weights = ("scst_attention_kl", "scst_xe_weight", "scst_box_attention", "scst_size_reward")
     bad = [f"train.{k}={getattr(tcfg, k)}" for k in weights
            if not getattr(tcfg, k) >= 0]  # NaN fails too
     if bad:
-        raise ConfigError(f"{', '.join(bad)}: loss weights are 0 (off) or a positive number")
+        raise ConfigError(f"{', '.join(bad)}: the self-critical weights are 0 (off) or a positive number")
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")

@@ -149,6 +149,6 @@ def test_scst_with_the_box_term_trains_and_logs_it(boxed, tmp_path, capfd):
 
 def test_the_box_term_is_refused_on_data_without_boxes(source, tmp_path):
     ctx = _ctx(source, str(tmp_path), _config(**SCST, scst_box_attention=1.0))
-    with pytest.raises(scst.NoBoxesError, match="train.scst_box_attention=0"):
+    with pytest.raises(scst.NoObjectsError, match="train.scst_box_attention=0"):
         trainer.run(ctx)
-    assert issubclass(scst.NoBoxesError, config_lib.ConfigError)  # one line from `captioner`
+    assert issubclass(scst.NoObjectsError, config_lib.ConfigError)  # one line from `captioner`
