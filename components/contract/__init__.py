@@ -11,7 +11,7 @@ Stages never import each other; they agree through this package only:
 | `schema` | the record formats (`tf.train.Example` features) and file names |
 | `io_utils` | reading and writing the records, dead letters, atomic files |
 | `raw_example` | the record a data source yields to ExampleGen |
-| `object_words` | which caption words name an object (COCO categories, synthetic attributes) |
+| `object_words` | which caption words name an object (COCO categories, synthetic attributes); each word's role in a synthetic object phrase |
 | `precision` | the mixed-precision policy of the training stages |
 | `summary_writer` | TensorBoard scalars, written by the training stages |
 | `export_model` | a Model as a TF Serving SavedModel (the Exporter's output, re-made by |

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -152,6 +153,47 @@ def test_the_bonus_joins_the_sample_and_greedy_rewards():
                                np.asarray(greedy)[:, 0], rtol=1e-6)
 
 
+def test_the_size_reward_alone_teaches_true_sizes():
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    from tests.components.trainer.test_scst import _references
+    from tests.models.tiny import annotations, make_model
+    refs, _ = _references()
+    # Words 4..19 are sizes, colours and kinds in turn, so that samples say phrases often.
+    roles = [0] * 4 + [scst_terms.PHRASE_ROLES.index(("size", "color", "kind")[w % 3])
+                       for w in range(4, 20)]
+    sizes = [w for w in range(4, 20) if w % 3 == 0]
+    others = [w for w in range(4, 20) if w % 3]
+    # Every colour and kind names each image's object; half the sizes are true of each.
+    words = tf.constant([[others + sizes[::2]], [others + sizes[1::2] + [-1]]], tf.int32)
+    a = tf.constant(annotations(seed=3, batch=2))
+    batch = {"annotations": a, "tokens": tf.constant(refs[:, 0]),
+             "references": tf.constant(refs), "object_words": words}
+
+    def no_cider(tokens, references):  # the size reward is the whole reward
+        return tf.zeros(tf.shape(tokens)[:2])
+
+    model = make_model("soft", seed=0, dropout=0.0)
+    optimizer = keras.optimizers.Adam(0.02)
+    optimizer.build(model.trainable_variables)
+    spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
+    options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=8, max_length=6,
+                              baseline="mean", size_reward=1.0, word_roles=tuple(roles))
+    step = make_scst_step(tf.distribute.get_strategy(), model, optimizer, no_cider, options,
+                          spec)
+    outs = [step(batch, tf.constant([0, i], tf.int64)) for i in range(60)]
+    for out in outs:  # the reward is the size reward, from the counts the step reports
+        assert float(out["reward_sum"]) == pytest.approx(
+            2 * float(out["size_correct"]) - float(out["size_words"]))
+
+    def accuracy(part):
+        return (sum(float(o["size_correct"]) for o in part)
+                / sum(float(o["size_words"]) for o in part))
+
+    assert sum(float(o["size_words"]) for o in outs[:10]) > 20
+    assert accuracy(outs[:10]) < 0.7 and accuracy(outs[-10:]) > 0.9, (
+        accuracy(outs[:10]), accuracy(outs[-10:]))
+
+
 def test_scst_with_the_size_reward_trains_and_logs_it(boxed, tmp_path, capfd):  # noqa: F811
     ctx = _ctx(boxed, str(tmp_path), _config(**SCST, scst_size_reward=0.5))
     props = trainer.run(ctx)["model"]["properties"]
@@ -161,7 +203,7 @@ def test_scst_with_the_size_reward_trains_and_logs_it(boxed, tmp_path, capfd):  
     accuracy = [v for _, v in events["scst/size_word_accuracy"]]
     said = [v for _, v in events["scst/size_words_per_caption"]]
     assert len(accuracy) == 8 and all(0 <= v <= 1 for v in accuracy)
-    assert all(0 <= v <= 3 for v in said) and max(said) > 0
+    assert len(said) == 8 and all(0 <= v <= 3 for v in said)  # the tiny model seldom says one
 
 
 def test_the_size_reward_is_refused_on_data_without_sizes(source, tmp_path):
