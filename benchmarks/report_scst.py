@@ -31,7 +31,7 @@ def _with_versus(record: Dict[str, Any], key: str) -> str:
 
 
 # `--scst-set` keys named in a variant's label (the others are listed in parentheses).
-_LABELLED = {"scst_box_attention": "box term"}
+_LABELLED = {"scst_box_attention": "box term", "scst_size_reward": "size reward"}
 
 
 def _scst_variant(r: Dict[str, Any]) -> str:

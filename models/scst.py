@@ -26,6 +26,12 @@ kind, colour or size; a COCO category), `-log` of the attention mass on the
 grid cells of the boxes of the objects that word names. Attention is a
 function of the words said, so a reward would only change which words are
 said; this term is differentiated and moves where the model looks.
+
+The size reward (`with_size_reward`) is a reward, because which size word
+a caption says is a choice of words: `size_truth` reads each caption's
+object phrases (a kind word with the size and colour words before it) and
+counts the size words true, and false, of the objects the phrase's colour
+and kind name.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ BASELINES = ("greedy", "mean")
 
 
 def sample_and_reward(model, annotations, references, scorer, *, num_samples: int,
-                      max_length: int, seed, baseline: str = "greedy", bonus=None) -> dict:
+                      max_length: int, seed, baseline: str = "greedy") -> dict:
     """Samples captions and scores them: no gradient flows from here.
 
     Args:
@@ -51,9 +57,6 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
       max_length: most words per sampled caption (`<end>` included).
       seed: (2,) int tensor; the same seed samples the same captions.
       baseline: `"greedy"` or `"mean"` (see the module docstring).
-      bonus: None, or a callable `tokens (batch, K', T) -> (batch, K')`
-        float32 added to the reward of every caption it scores, the greedy
-        one included (the size reward, `size_bonus`).
     Returns:
       dict: `tokens` (batch, K, max_length) int32 sampled captions; float32
       `reward` and `baseline` (batch, K); `advantage` = reward - baseline;
@@ -66,11 +69,10 @@ def sample_and_reward(model, annotations, references, scorer, *, num_samples: in
         raise ValueError("the mean-of-the-other-samples baseline needs num_samples >= 2")
     samples = sample_decode(model, annotations, num_samples, max_length, seed)
     tokens = tf.stop_gradient(samples["tokens"])
-    score = scorer if bonus is None else (lambda t, r: scorer(t, r) + bonus(t))
-    reward = tf.stop_gradient(score(tokens, references))                     # (batch, K)
+    reward = tf.stop_gradient(scorer(tokens, references))                    # (batch, K)
     if baseline == "greedy":
         greedy = greedy_decode(model, annotations, max_length, context_products=False)
-        greedy_reward = tf.stop_gradient(score(greedy["tokens"][:, None, :], references))
+        greedy_reward = tf.stop_gradient(scorer(greedy["tokens"][:, None, :], references))
         values = tf.broadcast_to(greedy_reward, tf.shape(reward))
         greedy_reward = greedy_reward[:, 0]
     else:
@@ -246,12 +248,17 @@ def size_truth(tokens, word_roles, object_words):
     return per_caption(correct), per_caption(sized)
 
 
-def size_bonus(word_roles, object_words, weight: float):
-    """`bonus(tokens) -> (batch, K)` for `sample_and_reward`: `weight` per true size word, minus `weight` per false one."""
-    def bonus(tokens):
+def with_size_reward(scorer, word_roles, object_words, weight: float):
+    """`scorer` plus `weight` per true size word and minus `weight` per false one (`size_truth`).
+
+    The result scores like `scorer` (`(tokens (batch, K, T), references) ->
+    (batch, K)`), so `sample_and_reward` rewards the samples and the greedy
+    baseline caption alike.
+    """
+    def score(tokens, references):
         correct, sized = size_truth(tokens, word_roles, object_words)
-        return weight * (2.0 * correct - sized)
-    return bonus
+        return scorer(tokens, references) + weight * (2.0 * correct - sized)
+    return score
 
 
 def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,

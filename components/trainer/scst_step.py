@@ -17,7 +17,7 @@ then carry `object_boxes` and `object_words`), divided by the same word
 count. With `train.scst_size_reward` the reward of every caption (the
 greedy baseline's too) adds that weight for each size word true of the
 objects its phrase names and subtracts it for each false one
-(`models.scst.size_bonus`). Gradients are all-reduced, clipped and applied by
+(`models.scst.with_size_reward`). Gradients are all-reduced, clipped and applied by
 `step.make_apply`. The sampling seed is `(train.seed, step)` folded with the
 replica id: a resumed run samples what the interrupted one would have.
 """
@@ -139,15 +139,15 @@ def _box_inputs(batch, options: ScstStepOptions):
     return batch["object_words"], scst.box_cells(batch["object_boxes"], *options.grid)
 
 
-def _size_reward(batch, options: ScstStepOptions):
-    """`(bonus for sample_and_reward, truth(tokens) -> (correct, sized))`, or Nones when off."""
+def _size_reward(scorer, batch, options: ScstStepOptions):
+    """`(the reward, truth(tokens) -> (correct, sized) or None)`: with the size reward when it is on."""
     if options.size_reward <= 0:
-        return None, None
+        return scorer, None
     import tensorflow as tf
 
     from models import scst
     roles = tf.constant(options.word_roles, tf.int32)
-    return (scst.size_bonus(roles, batch["object_words"], options.size_reward),
+    return (scst.with_size_reward(scorer, roles, batch["object_words"], options.size_reward),
             lambda tokens: scst.size_truth(tokens, roles, batch["object_words"]))
 
 
@@ -200,11 +200,11 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         seed = tf.random.experimental.stateless_fold_in(
             seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
         annotations, tokens = batch["annotations"], tf.cast(batch["tokens"], tf.int32)
-        bonus, size_truth = _size_reward(batch, options)
+        reward, size_truth = _size_reward(scorer, batch, options)
         sampled = scst.sample_and_reward(
-            model, annotations, tf.cast(batch["references"], tf.int32), scorer,
+            model, annotations, tf.cast(batch["references"], tf.int32), reward,
             num_samples=num_samples, max_length=options.max_length, seed=seed,
-            baseline=options.baseline, bonus=bonus)
+            baseline=options.baseline)
         size_correct, size_words = (tf.zeros(()), tf.zeros(())) if size_truth is None else (
             tf.reduce_sum(x) for x in size_truth(sampled["tokens"]))
         local_tokens, global_words, global_tokens = _word_counts(

@@ -114,13 +114,19 @@ def test_a_later_record_of_the_same_run_adds_its_variants_to_the_group(tmp_path)
     boxed = _scst_run(0, 0.13, 0.02, None)
     boxed["scst"] = {"plain+scst_box_attention=1.0": {**boxed["scst"]["plain"],
                                                       "scst_set": ["scst_box_attention=1.0"]}}
+    sized = _scst_run(0, 0.14, 0.03, None)
+    both = ["scst_box_attention=1.0", "scst_size_reward=0.5"]
+    sized["scst"] = {"plain+" + "+".join(both): {**sized["scst"]["plain"], "scst_set": both}}
     rows = _targets_table(tmp_path, [("soft-seed0", first), ("soft-seed0-scst_xe_weight0.1", later),
                                      ("soft-seed0-val_examples1000", other),
-                                     ("soft-seed0-scst_box_attention1.0", boxed)])
+                                     ("soft-seed0-scst_box_attention1.0", boxed),
+                                     ("soft-seed0-scst_box_attention1.0-scst_size_reward0.5",
+                                      sized)])
     assert [row.split(" | ")[2] for row in rows] == ["SCST", "SCST (val_examples=1000)",
                                                      "SCST + box term 1.00",
+                                                     "SCST + box term 1.00 + size reward 0.50",
                                                      "SCST + cross-entropy 0.10"]
-    assert rows[3].split(" | ")[4] == "+10.0%"  # the later record's own figures
+    assert rows[4].split(" | ")[4] == "+10.0%"  # the later record's own figures
     assert rows[1].split(" | ")[4] == "+15.0%"
 
 

@@ -128,22 +128,24 @@ def test_size_truth_on_written_phrases():
     correct, sized = scst_terms.size_truth(tokens, scst.word_roles(vocab), words)
     assert np.asarray(sized).tolist() == [[1, 1, 1, 0, 2]]
     assert np.asarray(correct).tolist() == [[1, 0, 1, 0, 2]]
-    bonus = scst_terms.size_bonus(scst.word_roles(vocab), words, 0.5)(tf.constant(tokens))
-    np.testing.assert_allclose(np.asarray(bonus), [[0.5, -0.5, 0.5, 0.0, 1.0]])
+    score = scst_terms.with_size_reward(lambda t, r: tf.ones(tf.shape(t)[:2]),
+                                        scst.word_roles(vocab), words, 0.5)
+    np.testing.assert_allclose(np.asarray(score(tf.constant(tokens), None)),
+                               [[1.5, 0.5, 1.5, 1.0, 2.0]])
 
 
-def test_the_bonus_joins_the_sample_and_greedy_rewards():
+def test_a_scorer_with_a_bonus_rewards_the_samples_and_the_greedy_caption():
     from tests.components.trainer.test_scst import _references
     from tests.models.tiny import annotations, make_model
     refs, scorer = _references()
     model, a = make_model("soft", seed=0), tf.constant(annotations(seed=3, batch=2))
 
-    def rewarded(bonus):
-        return scst_terms.sample_and_reward(model, a, tf.constant(refs), scorer, num_samples=3,
-                                            max_length=5, seed=tf.constant([1, 2]), bonus=bonus)
+    def rewarded(score):
+        return scst_terms.sample_and_reward(model, a, tf.constant(refs), score, num_samples=3,
+                                            max_length=5, seed=tf.constant([1, 2]))
 
-    plain = rewarded(None)
-    shifted = rewarded(lambda t: tf.cast(t[..., 0], tf.float32))  # the first word's id
+    plain = rewarded(scorer)
+    shifted = rewarded(lambda t, r: scorer(t, r) + tf.cast(t[..., 0], tf.float32))  # first id
     np.testing.assert_array_equal(plain["tokens"], shifted["tokens"])
     np.testing.assert_allclose(shifted["reward"], plain["reward"]
                                + np.asarray(plain["tokens"])[..., 0], rtol=1e-6)
