@@ -16,8 +16,11 @@ images, with its paired bootstrap (the interval of each difference).
 
 `--scst-set K=V` adds a setting to every SCST run of the call; with
 `--anchor-weights ""` only the unanchored one runs, e.g. the box term
-alone (`--scst-set train.scst_box_attention=1.0`), its record's rows joining
-those of the earlier records of the same attention, seed and test split.
+alone (`--scst-set train.scst_box_attention=1.0`), or with the size reward
+(`--scst-set train.scst_box_attention=1.0 --scst-set
+train.scst_size_reward=0.5`), its record's rows joining those of the
+earlier records of the same attention, seed, test split and cross-entropy
+model.
 
 Prints one JSON line per run and a last line with the CPU; records
 everything with `write_result("scst_grounding", ..., variant=<attentions>-seed<seeds>)`
