@@ -79,10 +79,13 @@ def _targets_over_seeds(runs: Sequence[Dict[str, Any]]) -> List[str]:
                                                        key=lambda g: (g[0][0] != "soft", *g[0][1:])):
         variant = _scst_variant(seeded[0][-1])
         seeded.sort(key=lambda x: x[:2])
-        seeds = [_seed_label({"seed": seed, "repeat": repeat}) for seed, repeat, _ in seeded]
+        seeds = [_seed_label({"seed": seed, "repeat": repeat})
+                 + (" (start kept)" if _kept_start(r) else "") for seed, repeat, r in seeded]
         records = [r for *_, r in seeded]
-        cells = [c for key, rel in (("CIDEr", True), ("grounding", False), ("size_accuracy", False))
-                 for c in mean_and_met(records, key, rel)]
+        trained = [r for r in records if not _kept_start(r)]  # grounding: only of SCST models
+        cells = [c for key, rel, rs in (("CIDEr", True, records), ("grounding", False, trained),
+                                        ("size_accuracy", False, trained))
+                 for c in mean_and_met(rs, key, rel)]
         out.append([attention, num(test_images, 0) if test_images else "config's", variant,
                     ", ".join(map(str, seeds)), *cells])
     return table(["attention", "test images", "model", "seeds", "CIDEr change (mean)", "seeds at +15% or more",
@@ -135,6 +138,17 @@ def _seed_label(run: Dict[str, Any]) -> str:
     return str(run["seed"]) + (f" ({_ordinal(run)})" if _ordinal(run) else "")
 
 
+def _kept_start(r: Dict[str, Any]) -> bool:
+    """No SCST epoch beat the start model's val CIDEr: the exported model is the cross-entropy one."""
+    return r.get("best_epoch") is not None and r["best_epoch"] < 0
+
+
+def _epochs(r: Dict[str, Any]) -> str:
+    if _kept_start(r):
+        return f"{r['epochs']} epochs, none beat the start: the cross-entropy model"
+    return f"{r['epochs']} epochs, best {r['best_epoch'] + 1}"
+
+
 def t_scst_grounding(ctx: Context) -> Rendered:
     runs, records = _scst_grounding_runs(ctx)
     keys = ["CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribute_accuracy",
@@ -155,7 +169,7 @@ def t_scst_grounding(ctx: Context) -> Rendered:
                          _with_versus(r, "grounding"), _with_versus(r, "grounding_noun"),
                          metric(m, "attribute_accuracy"), metric(m, "relation_accuracy"),
                          _with_versus(r, "size_accuracy"),
-                         f"{num(r.get('seconds_per_step'), 3)} ({r['epochs']} epochs, best {r['best_epoch'] + 1})"])
+                         f"{num(r.get('seconds_per_step'), 3)} ({_epochs(r)})"])
     lines = table(["attention, seed", "model", *keys, "s/step (epochs)"], rows)
     return lines + ["", "In parentheses: the difference from the cross-entropy model of the same run, "
                         "with the Evaluator's 95% paired bootstrap interval over the test images. s/step: "
@@ -168,5 +182,7 @@ def t_scst_grounding_targets(ctx: Context) -> Rendered:
         "", "Over the seeds of the table above: the mean difference from cross-entropy, and how many "
             "seeds met the target (CIDEr at least +15%; the 95% interval of the grounding or "
             "size_accuracy difference reaching zero or above). Both over the seeds whose record has "
-            "that interval (the first records have none for size_accuracy). Test images: "
+            "that interval (the first records have none for size_accuracy), and not where no SCST "
+            "epoch beat the start (\"start kept\": the exported model is the cross-entropy one, "
+            "and CIDEr counts +0%). Test images: "
             "`--test-images`, or the config's own test split (410 images on scenes)."], records

@@ -147,3 +147,15 @@ def test_a_second_cross_entropy_model_of_a_seed_is_its_own_group(tmp_path):
         ["SCST", "3, 3 (2nd)"], ["SCST + box term 1.00", "3 (2nd)"]]
     # plain SCST: +15% on the first model, +17.5% on the second (the later record's own figures)
     assert rows[0].split(" | ")[4] == "+16.2%"
+
+
+def test_a_run_that_kept_its_start_model_counts_no_grounding(tmp_path):
+    trained = _scst_run(0, 0.12, 0.02, [-0.01, 0.05])
+    kept = _scst_run(1, 0.0, 0.0, [0.0, 0.0])
+    kept["scst"]["plain"]["best_epoch"] = -1  # no SCST epoch beat the cross-entropy model
+    rows = _targets_table(tmp_path, [("soft-seed0", trained), ("soft-seed1", kept)])
+    cells = rows[0].split(" | ")
+    assert cells[3] == "0, 1 (start kept)"
+    assert cells[4:6] == ["+7.5%", "1 of 2"]            # CIDEr counts the kept start, +0%
+    assert cells[6:8] == ["+0.020", "1 of 1"]           # grounding only of the SCST model
+    assert cells[8:10] == ["+0.020", "1 of 1"]
