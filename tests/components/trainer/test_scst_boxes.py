@@ -135,12 +135,18 @@ def test_the_box_weight_needs_boxes_in_the_batches():
                        spec)
 
 
-def test_scst_with_the_box_term_trains_and_logs_it(boxed, tmp_path, capfd):
-    ctx = _ctx(boxed, str(tmp_path), _config(**SCST, scst_box_attention=1.0))
+def scst_run(src, work_dir: str, capfd, **setting):
+    """`(the Model's scst property, the run's stderr, its TensorBoard events)` of a tiny SCST run."""
+    ctx = _ctx(src, work_dir, _config(**SCST, **setting))
     props = trainer.run(ctx)["model"]["properties"]
-    assert props["scst"]["box_attention"] == 1.0
-    assert "box term weight 1" in capfd.readouterr().err
-    events = _events(os.path.join(ctx.outputs["model"], "logs"))
+    return (props["scst"], capfd.readouterr().err,
+            _events(os.path.join(ctx.outputs["model"], "logs")))
+
+
+def test_scst_with_the_box_term_trains_and_logs_it(boxed, tmp_path, capfd):
+    props, err, events = scst_run(boxed, str(tmp_path), capfd, scst_box_attention=1.0)
+    assert props["box_attention"] == 1.0
+    assert "box term weight 1" in err
     fraction = [v for _, v in events["scst/box_word_fraction"]]
     nll = [v for _, v in events["scst/box_attention_nll"]]
     assert len(fraction) == 8 and all(0 < f <= 1 for f in fraction)

@@ -1,8 +1,6 @@
 """train.scst_size_reward: the in-graph size truth against the Evaluator's counts, the reward, the refusal."""
 from __future__ import annotations
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -16,8 +14,8 @@ from components.trainer import scst, train_data
 from models import scst as scst_terms
 from models.text import PAD_ID, RESERVED
 from tests.components import test_trainer
-from tests.components.test_trainer import _config, _ctx, _events
-from tests.components.trainer.test_scst_boxes import SCST, boxed  # noqa: F401 (fixture)
+from tests.components.test_trainer import _config, _ctx
+from tests.components.trainer.test_scst_boxes import SCST, boxed, scst_run  # noqa: F401
 
 source = test_trainer.source  # tiny Annotations without objects
 
@@ -197,11 +195,9 @@ def test_the_size_reward_alone_teaches_true_sizes():
 
 
 def test_scst_with_the_size_reward_trains_and_logs_it(boxed, tmp_path, capfd):  # noqa: F811
-    ctx = _ctx(boxed, str(tmp_path), _config(**SCST, scst_size_reward=0.5))
-    props = trainer.run(ctx)["model"]["properties"]
-    assert props["scst"]["size_reward"] == 0.5
-    assert "size reward 0.5" in capfd.readouterr().err
-    events = _events(os.path.join(ctx.outputs["model"], "logs"))
+    props, err, events = scst_run(boxed, str(tmp_path), capfd, scst_size_reward=0.5)
+    assert props["size_reward"] == 0.5
+    assert "size reward 0.5" in err
     accuracy = [v for _, v in events["scst/size_word_accuracy"]]
     said = [v for _, v in events["scst/size_words_per_caption"]]
     assert len(accuracy) == 8 and all(0 <= v <= 1 for v in accuracy)
