@@ -184,26 +184,6 @@ def _category_words(category: str) -> tuple[str, ...]:
     return tuple(sorted(words))
 
 
-def phrase_role(word: str) -> str:
-    """What a word does in a synthetic object phrase, as the scenes parser reads it.
-
-    Returns:
-      "kind" (a kind noun, singular or plural), "color", "size", "stop" (an
-      article or a number word: the phrase's modifiers start there) or
-      "other".
-    """
-    if word in _ROLES["kind"]:
-        return "kind"
-    for role in ("color", "size", "stop"):
-        if word in _ROLES[role]:
-            return role
-    return "other"
-
-
-_ROLES = {
-    "kind": {form for words in scenes_grammar.KIND_WORDS.values() for w in words
-             for form in (w, scenes_grammar.PLURALS.get(w, w + "s"))},
-    "color": {w for words in scenes_grammar.COLOR_WORDS.values() for w in words},
-    "size": {w for words in scenes_grammar.SIZE_WORDS.values() for w in words},
-    "stop": set(scenes_grammar.ARTICLES) | set(scenes_grammar.NUMBER_WORDS),
-}
+# What a word does in a synthetic object phrase ("a big red star"): the
+# scenes parser's own reading, for the Trainer's size reward.
+phrase_role = scenes_grammar.phrase_role

@@ -120,6 +120,25 @@ _COUNT_OF = {w: i for i, w in enumerate(NUMBER_WORDS)}
 _ATTRIBUTES = set(_COLOR_OF) | set(_SIZE_OF) | set(ARTICLES) | set(_COUNT_OF)
 
 
+def phrase_role(word: str) -> str:
+    """What a word does in an object phrase, as `parse_caption` reads it.
+
+    Returns:
+      "kind" (a kind noun, singular or plural), "color", "size", "stop" (an
+      article or a number word: a phrase's run of modifiers starts there) or
+      "other" (the parser skips it, or it ends the run).
+    """
+    if word in _NOUNS:
+        return "kind"
+    if word in _COLOR_OF:
+        return "color"
+    if word in _SIZE_OF:
+        return "size"
+    if word in ARTICLES or word in _COUNT_OF:
+        return "stop"
+    return "other"
+
+
 class ScenePhrase(NamedTuple):
     """One mention in a caption: words ``[start, end)``, the noun at ``end - 1``.
 
