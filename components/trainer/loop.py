@@ -310,6 +310,11 @@ class TrainingLoop:
             state.best_epoch.assign(epoch)
             state.bad_epochs.assign(0)
             self._save_best()
+        elif self.phase.start_competes and int(state.best_epoch.numpy()) < 0:
+            # Still the start model: a phase's first epochs may score below it (a
+            # fresh optimizer), so patience counts from the first epoch that beats it.
+            return (f" (the start's {metric} {float(state.best_metric.numpy()):.4f} not yet "
+                    "beaten; patience counts from the first epoch that beats it)")
         else:
             state.bad_epochs.assign_add(1)
         return (f" (best {metric} {float(state.best_metric.numpy()):.4f} "

@@ -95,7 +95,9 @@ class Phase:
       first_candidate: `(model) -> step`: epochs that end at or before this
         step are not best-model candidates.
       start_competes: a fresh phase first makes its start model the best so
-        far (epoch -1), scored by `metric`: an epoch replaces it only by beating it.
+        far (epoch -1), scored by `metric`: an epoch replaces it only by beating it,
+        and `patience` counts from the first epoch that does (until then the
+        phase trains on, to `epochs`).
       on_start_scored: `(score or None) -> None`, after the start model was
         scored (`start_competes`; None without a validation split).
 

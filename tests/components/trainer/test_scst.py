@@ -109,6 +109,34 @@ def test_the_start_model_is_exported_unless_an_scst_epoch_beats_it(source, tmp_p
         assert same
 
 
+@pytest.mark.parametrize("scores, scst_epochs, best_epoch", [
+    # Three epochs under the start (more than the patience of 2), then a gain,
+    # then 2 epochs without one: patience counted from the gain only.
+    ([0.5, 0.6, 0.7, 1.2, 1.1, 1.1], 8, 3),
+    # No epoch beats the start: the phase trains to train.scst_epochs, the start kept.
+    ([0.5, 0.6, 0.7, 0.8], 4, -1),
+])
+def test_patience_counts_from_the_first_epoch_that_beats_the_start(
+        source, tmp_path, monkeypatch, capfd, scores, scst_epochs, best_epoch):
+    from components.trainer import validation
+    calls = []
+
+    def cider(self):  # the start model's 1.0, then each epoch's score
+        calls.append(len(calls))
+        return ([1.0] + scores)[len(calls) - 1]
+
+    monkeypatch.setattr(validation.Validator, "cider", cider)
+    config = _config(**dict(SCST, scst_epochs=scst_epochs, patience=2))
+    props = trainer.run(_ctx(source, str(tmp_path), config))["model"]["properties"]
+    log = capfd.readouterr().err
+    assert len(calls) == 1 + len(scores) and props["scst"]["epochs"] == len(scores)
+    assert props["scst"]["best_epoch"] == best_epoch
+    under_start = sum(score <= 1.0 for score in scores[:best_epoch if best_epoch >= 0 else None])
+    assert log.count("not yet beaten; patience counts from the first epoch that beats it") == (
+        under_start)
+    assert ("early stopping: cider did not improve" in log) == (best_epoch >= 0)
+
+
 def test_convergence_rule():
     rows = [{"epoch": 0, "val_loss": 2.0}, {"epoch": 1, "val_loss": 1.5}]
     assert not scst.convergence(rows)[0]
