@@ -44,6 +44,7 @@ def _scst_variant(r: Dict[str, Any]) -> str:
     name += f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else ""
     other = [f"{key}={value}" for key, _, value in settings  # `--scst-set` beyond those
              if key not in ("scst_xe_weight", "scst_attention_kl", *_LABELLED)]
+    other += [f"{item} in both phases" for item in r.get("set") or ()]  # `--set`
     return name + (f" ({', '.join(other)})" if other else "")
 
 
@@ -157,7 +158,7 @@ def t_scst_grounding(ctx: Context) -> Rendered:
     for run in runs:
         xe = run["xe"]
         notes = [n for n in (_ordinal(run), xe.get("test_images") and
-                             f"{num(xe['test_images'], 0)} test images") if n]
+                             f"{num(xe['test_images'], 0)} test images", *run.get("set", ())) if n]
         label = f"{run['attention']}, seed {run['seed']}" + (f" ({'; '.join(notes)})" if notes else "")
         rows.append([label, "cross-entropy", *[metric(xe["metrics"], k) for k in keys],
                      num(xe.get("seconds_per_step"), 3)])

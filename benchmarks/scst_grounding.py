@@ -25,7 +25,7 @@ model.
 Prints one JSON line per run and a last line with the CPU; records
 everything with `write_result("scst_grounding", ..., variant=<attentions>-seed<seeds>)`
 (`scst_grounding-soft-seed1-2-<date>-<host>.json`, with `-<key><value>` for each
-`--scst-set`; the docs' table reads every such record, one row group per
+`--set` and `--scst-set`; the docs' table reads every such record, one row group per
 attention, seed and test split, the variants of later records added to it). Targets: CIDEr at
 least +15% over cross-entropy, and the intervals of the grounding and
 size-accuracy differences reaching zero or above.
@@ -104,14 +104,16 @@ def _short(item: str) -> str:
 
 
 def one_seed(root: str, config: str, attention: str, seed: int, weights: list[float],
-             extra: list[str], scst_extra: Sequence[str] = ()) -> dict:
+             extra: list[str], scst_extra: Sequence[str] = (), shown: Sequence[str] = ()) -> dict:
+    """One cross-entropy model and its SCST variants; `shown`: the `--set` items the tables name."""
     base = [f"model.attention={attention}", f"train.seed={seed}"] + extra
     xe_root = os.path.join(root, f"{attention}-seed{seed}", "xe")
     if not os.path.exists(xe_root):
         shutil.copytree(os.path.join(root, "data"), xe_root)
     xe = _run(xe_root, config, base + ["train.objective=xe"])
     xe_model = xe["stages"]["Trainer"]["outputs"]["model"]
-    out = {"attention": attention, "seed": seed, "xe": _record(xe), "scst": {}}
+    out = {"attention": attention, "seed": seed, "xe": _record(xe), "scst": {},
+           "set": [_short(item) for item in shown]}
     for weight in [0.0] + weights:
         name = ("plain" if weight == 0 else f"anchor{weight:g}") + "".join(
             "+" + _short(item) for item in scst_extra)  # e.g. plain+scst_xe_weight=0.1
@@ -124,6 +126,7 @@ def one_seed(root: str, config: str, attention: str, seed: int, weights: list[fl
         record = _record(run)
         record["attention_kl"] = weight
         record["scst_set"] = [_short(item) for item in scst_extra]
+        record["set"] = out["set"]
         record["targets"] = targets(record["versus_xe"])
         out["scst"][name] = record
         print(json.dumps({"attention": attention, "seed": seed, "variant": name, **record}),
@@ -149,6 +152,7 @@ def main(argv=None) -> int:
                    help="config overrides for every run")
     args = p.parse_args(argv)
     weights = [float(w) for w in args.anchor_weights.split(",") if w.strip()]
+    shown = list(args.overrides)  # the user's, not the test split's
     if args.test_images:
         args.overrides += test_split(args.config, args.overrides, args.test_images)
     # The data stages, once for every run (their artifacts do not depend on the decoder).
@@ -158,14 +162,14 @@ def main(argv=None) -> int:
     for attention in [a.strip() for a in args.attention.split(",") if a.strip()]:
         for seed in [int(s) for s in args.seeds.split(",") if s.strip()]:
             runs.append(one_seed(args.root, args.config, attention, seed, weights,
-                                 args.overrides, args.scst_overrides))
+                                 args.overrides, args.scst_overrides, shown))
     print(json.dumps({"cpu": cpu_model(), "bf16_native": cpu_has_bf16()}), flush=True)
     attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
     seeds = [s.strip() for s in args.seeds.split(",") if s.strip()]
     write_result("scst_grounding", {"config": args.config, "overrides": args.overrides,
                                     "runs": runs}, argv=argv,
                  variant="-".join(attentions) + "-seed" + "-".join(seeds) + "".join(
-                     "-" + _short(item).replace("=", "") for item in args.scst_overrides))
+                     "-" + _short(item).replace("=", "") for item in shown + args.scst_overrides))
     return 0
 
 

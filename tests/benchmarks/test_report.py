@@ -159,3 +159,15 @@ def test_a_run_that_kept_its_start_model_counts_no_grounding(tmp_path):
     assert cells[4:6] == ["+7.5%", "1 of 2"]            # CIDEr counts the kept start, +0%
     assert cells[6:8] == ["+0.020", "1 of 1"]           # grounding only of the SCST model
     assert [c.strip(" |") for c in cells[8:10]] == ["+0.020", "1 of 1"]
+
+
+def test_a_setting_of_both_phases_names_its_variant_and_keeps_it_apart(tmp_path):
+    bf16, fp32 = _scst_run(5, 0.12, 0.02, None), _scst_run(5, 0.16, 0.01, None)
+    fp32["xe"] = {"metrics": {"CIDEr": 0.83, "Bleu_4": 0.25, "grounding": 0.8}}  # its own model
+    fp32["set"] = ["mixed_precision=float32"]
+    fp32["scst"]["plain"]["set"] = fp32["set"]  # `--set train.mixed_precision=float32`
+    rows = _targets_table(tmp_path, [("soft-seed5", bf16),
+                                     ("soft-seed5-mixed_precisionfloat32", fp32)])
+    assert [row.split(" | ")[2:5] for row in rows] == [
+        ["SCST", "5", "+15.0%"],
+        ["SCST (mixed_precision=float32 in both phases)", "5 (2nd)", "+20.0%"]]
