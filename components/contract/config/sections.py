@@ -133,7 +133,7 @@ class TrainConfig:
     warmup_steps: int = 0              # linear warmup steps
     clip_norm: float = 5.0             # global gradient norm clip (0 = off)
     early_stopping_metric: str = "val_loss"  # val_loss | bleu4 | cider
-    patience: int = 3                  # epochs in a row without a gain above min_delta before stopping (both phases)
+    patience: int = 3                  # epochs in a row without a gain above min_delta before stopping (both phases; scst: from the first epoch that beats the start model)
     min_delta: float = 1e-4            # smallest val gain that counts as improving: relative for val_loss, absolute for bleu4 and cider
     val_examples: int = 256            # validation images for early stopping
     checkpoint_every: int = 200        # steps between checkpoints (resume after a crash)
