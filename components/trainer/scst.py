@@ -114,7 +114,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
                 f"{scorer.num_documents} training images, {scorer.num_keys} n-grams), "
                 f"captions up to {max_length} words, learning rate "
-                f"{tcfg.scst_learning_rate:g}, cross-entropy weight {tcfg.scst_xe_weight:g}, "
+                f"{tcfg.scst_learning_rate:g} ({tcfg.scst_lr_schedule}), cross-entropy weight {tcfg.scst_xe_weight:g}, "
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
                 f"box term weight {tcfg.scst_box_attention:g}, "
                 f"size reward {tcfg.scst_size_reward:g}, "
@@ -122,7 +122,8 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"early stopping on val CIDEr")
     return Phase(
         name=PHASE_DIR, folder=PHASE_DIR, inputs=inputs,
-        make_optimizer=functools.partial(_make_optimizer, tcfg),
+        make_optimizer=functools.partial(_make_optimizer, tcfg,
+                                         inputs.steps_per_epoch * tcfg.scst_epochs),
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
                                     options=ScstStepOptions.from_config(
@@ -143,12 +144,29 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                                      max_length=max_length, scorer=scorer))
 
 
-def _make_optimizer(tcfg):
-    """A fresh Adam (`FusedAdam`) at `train.scst_learning_rate`; loss scaling for mixed_float16."""
+def scst_learning_rate(tcfg, total_steps: int):
+    """`train.scst_learning_rate`, constant or cosine-decayed to 0 over `total_steps`.
+
+    Args:
+      tcfg: the `TrainConfig`.
+      total_steps: the phase's step limit (`train.scst_epochs` epochs).
+    Returns:
+      A float, or a Keras `CosineDecay` schedule (driven by the optimizer's
+      step count, which checkpoints keep, so a resumed phase continues it).
+    """
+    import keras
+    if tcfg.scst_lr_schedule == "cosine":
+        return keras.optimizers.schedules.CosineDecay(
+            tcfg.scst_learning_rate, max(1, total_steps), alpha=0.0)
+    return tcfg.scst_learning_rate
+
+
+def _make_optimizer(tcfg, total_steps: int):
+    """A fresh Adam (`FusedAdam`) on `scst_learning_rate`; loss scaling for mixed_float16."""
     import keras
 
     from components.trainer.fused_adam import FusedAdam
-    optimizer = FusedAdam(tcfg.scst_learning_rate)
+    optimizer = FusedAdam(scst_learning_rate(tcfg, total_steps))
     if tcfg.mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
@@ -232,7 +250,8 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
         "attention_kl": tcfg.scst_attention_kl, "box_attention": tcfg.scst_box_attention,
         "size_reward": tcfg.scst_size_reward,
-        "learning_rate": tcfg.scst_learning_rate, "max_length": max_length,
+        "learning_rate": tcfg.scst_learning_rate, "lr_schedule": tcfg.scst_lr_schedule,
+        "max_length": max_length,
         "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,
         "final_reward": (final["reward_sum"] / max(final["samples"], 1.0)
                          if final else None)}}

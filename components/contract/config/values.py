@@ -20,6 +20,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.strategy": ("default", "mirrored", "multi_worker"),
     "train.optimizer": ("adam", "rmsprop"),
     "train.lr_schedule": ("constant", "cosine"),
+    "train.scst_lr_schedule": ("constant", "cosine"),
     "train.early_stopping_metric": EARLY_STOPPING_METRICS,
     "train.objective": ("xe", "scst"),
     "train.scst_baseline": ("greedy", "mean"),

@@ -137,6 +137,29 @@ def test_patience_counts_from_the_first_epoch_that_beats_the_start(
     assert ("early stopping: cider did not improve" in log) == (best_epoch >= 0)
 
 
+def test_the_scst_learning_rate_is_constant_or_cosine_decayed_over_the_phase():
+    constant = scst.scst_learning_rate(config_lib.TrainConfig(scst_learning_rate=5e-4), 100)
+    assert constant == 5e-4
+    cosine = scst.scst_learning_rate(
+        config_lib.TrainConfig(scst_learning_rate=5e-4, scst_lr_schedule="cosine"), 100)
+    assert float(cosine(0)) == pytest.approx(5e-4)
+    assert float(cosine(50)) == pytest.approx(2.5e-4, rel=1e-5)
+    assert float(cosine(100)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_cosine_scst_phase_decays_its_learning_rate_to_the_epoch_limit(source, tmp_path,
+                                                                         capfd):
+    ctx = _ctx(source, str(tmp_path), _config(**SCST, scst_lr_schedule="cosine", log_every=1))
+    props = trainer.run(ctx)["model"]["properties"]
+    assert "learning rate 0.005 (cosine)" in capfd.readouterr().err
+    assert props["scst"]["lr_schedule"] == "cosine"
+    rates = dict(_events(os.path.join(ctx.outputs["model"], "logs"))["scst/learning_rate"])
+    # 2 epochs of 4 steps: the rate read after step s is 5e-3 * (1 + cos(pi * s / 8)) / 2.
+    for step, rate in rates.items():
+        assert rate == pytest.approx(2.5e-3 * (1 + np.cos(np.pi * step / 8)), rel=1e-4), rates
+    assert rates[max(rates)] < 1e-3 < 4e-3 < rates[min(rates)]
+
+
 def test_convergence_rule():
     rows = [{"epoch": 0, "val_loss": 2.0}, {"epoch": 1, "val_loss": 1.5}]
     assert not scst.convergence(rows)[0]
