@@ -40,6 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from benchmarks.results import artifact_properties  # noqa: E402
+
 MODELS = ("soft:additive", "soft:general", "soft:dot", "hard:additive", "glimpse",
           "spatial_transformer")
 STAGES = "ExampleGen,EncoderTrainer,Preprocess,Trainer,Exporter,Evaluator"
@@ -74,8 +76,7 @@ def run_model(root: str, config: str, overrides: list[str]) -> dict:
         summary = json.load(f)
     stages, metrics = summary["stages"], summary["metrics"]
     model_uri = stages["Trainer"]["outputs"]["model"]
-    with open(os.path.join(model_uri, "artifact.json")) as f:
-        properties = json.load(f)["properties"]
+    properties = artifact_properties(model_uri)
     trainer_s = stages["Trainer"].get("seconds")
     steps = properties.get("steps") or 0
     return {

@@ -32,6 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from benchmarks.results import stage_outputs  # noqa: E402
+
 SHOWN = ("Bleu_4", "CIDEr", "METEOR", "attribute_accuracy", "relation_accuracy", "grounding")
 
 
@@ -45,9 +47,7 @@ def export_for(root: str, config: str, overrides: list[str]) -> tuple[str, float
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    with open(os.path.join(root, "run_summary.json")) as f:
-        summary = json.load(f)
-    return summary["stages"]["Exporter"]["outputs"]["serving_model"], time.time() - start
+    return stage_outputs(root)["Exporter"]["serving_model"], time.time() - start
 
 
 def caption_and_score(serving_uri: str, examples_uri: str, batch_size: int):
@@ -85,9 +85,7 @@ def main(argv=None) -> int:
     config = config_lib.load_config(args.config, args.overrides)
     print(f"CPU: {cpu_model()} (native bfloat16: {cpu_has_bf16()})", flush=True)
     root = os.path.abspath(args.root)
-    with open(os.path.join(root, "run_summary.json")) as f:
-        examples_uri = json.load(f)["stages"].get("ExampleGen", {}).get("outputs", {}).get(
-            "examples")
+    examples_uri = stage_outputs(root).get("ExampleGen", {}).get("examples")
     models = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
         models[f"seed {seed}"] = [*args.overrides, f"train.seed={seed}"]
@@ -98,8 +96,7 @@ def main(argv=None) -> int:
     for name, overrides in models.items():
         serving_uri, seconds = export_for(root, args.config, overrides)
         if examples_uri is None:
-            with open(os.path.join(root, "run_summary.json")) as f:
-                examples_uri = json.load(f)["stages"]["ExampleGen"]["outputs"]["examples"]
+            examples_uri = stage_outputs(root)["ExampleGen"]["examples"]
         split, metrics, eval_seconds = caption_and_score(serving_uri, examples_uri,
                                                          config.eval.batch_size)
         scored[name] = (split, metrics)

@@ -110,6 +110,19 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
     return shlex.join(["python", script] + [str(a) for a in args])
 
 
+def stage_outputs(root: str) -> Dict[str, Dict[str, str]]:
+    """The output folders of each stage of the last run in `root` (its `run_summary.json`)."""
+    with open(os.path.join(root, "run_summary.json")) as f:
+        stages = json.load(f)["stages"]
+    return {stage: dict(info.get("outputs") or {}) for stage, info in stages.items()}
+
+
+def artifact_properties(uri: str) -> Dict[str, Any]:
+    """The `properties` of the artifact in folder `uri` (its `artifact.json`)."""
+    with open(os.path.join(uri, "artifact.json")) as f:
+        return json.load(f)["properties"]
+
+
 def results_dir() -> Optional[str]:
     """The folder results go to; None under pytest unless `BENCHMARK_RESULTS_DIR` is set."""
     chosen = os.environ.get(ENV_DIR)

@@ -42,7 +42,7 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.results import write_result  # noqa: E402
+from benchmarks.results import artifact_properties, write_result  # noqa: E402
 from benchmarks.scst import _run  # noqa: E402
 from benchmarks.scst_targets import targets  # noqa: E402
 from benchmarks.train_step import cpu_has_bf16, cpu_model  # noqa: E402
@@ -52,8 +52,7 @@ METRICS = ("CIDEr", "Bleu_4", "METEOR", "grounding", "grounding_noun", "attribut
 
 
 def _properties(summary: dict, stage: str, output: str) -> dict:
-    with open(os.path.join(summary["stages"][stage]["outputs"][output], "artifact.json")) as f:
-        return json.load(f)["properties"]
+    return artifact_properties(summary["stages"][stage]["outputs"][output])
 
 
 def _record(summary: dict) -> dict:

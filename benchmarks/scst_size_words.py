@@ -31,7 +31,7 @@ from typing import Iterable, Mapping, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.results import write_result  # noqa: E402
+from benchmarks.results import stage_outputs, write_result  # noqa: E402
 
 MODELS = {"cross_entropy": "baseline_captions.jsonl", "scst": "captions.jsonl"}
 
@@ -78,10 +78,9 @@ def _test_objects(examples_uri: str) -> dict:
 
 def measure(root: str) -> dict:
     """Both models' counts for the run whose summary is `<root>/run_summary.json`."""
-    with open(os.path.join(root, "run_summary.json")) as f:
-        stages = json.load(f)["stages"]
-    evaluation = stages["Evaluator"]["outputs"]["evaluation"]
-    objects = _test_objects(stages["ExampleGen"]["outputs"]["examples"])
+    outputs = stage_outputs(root)
+    evaluation = outputs["Evaluator"]["evaluation"]
+    objects = _test_objects(outputs["ExampleGen"]["examples"])
     out = {"root": root}
     for model, name in MODELS.items():
         with open(os.path.join(evaluation, name)) as f:

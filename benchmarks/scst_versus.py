@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.results import write_result  # noqa: E402
+from benchmarks.results import stage_outputs, write_result  # noqa: E402
 
 METRICS = ("CIDEr", "Bleu_4", "METEOR", "ROUGE_L")
 
@@ -67,8 +67,7 @@ def versus(candidate: Sequence[Mapping], baseline: Sequence[Mapping], *,
 
 def _captions(root: str) -> list[dict]:
     """The test captions of the model that `<root>`'s last run evaluated."""
-    with open(os.path.join(root, "run_summary.json")) as f:
-        evaluation = json.load(f)["stages"]["Evaluator"]["outputs"]["evaluation"]
+    evaluation = stage_outputs(root)["Evaluator"]["evaluation"]
     with open(os.path.join(evaluation, "captions.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
 

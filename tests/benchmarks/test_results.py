@@ -46,3 +46,16 @@ def test_nothing_is_written_under_pytest_unless_a_folder_is_named(tmp_path, monk
     assert results.write_result("x", {"a": 1}) is None
     monkeypatch.setenv(results.ENV_DIR, str(tmp_path))
     assert results.write_result("x", {"a": 1}).startswith(str(tmp_path))
+
+
+def test_stage_outputs_and_artifact_properties_read_a_roots_last_run(tmp_path):
+    results = load_benchmark("results")
+    model = tmp_path / "Trainer" / "3" / "model"
+    model.mkdir(parents=True)
+    (model / "artifact.json").write_text(json.dumps({"properties": {"steps": 7}}))
+    summary = {"stages": {"Trainer": {"outputs": {"model": str(model)}, "seconds": 1.0},
+                          "Pusher": {"skipped": True}}}
+    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    outputs = results.stage_outputs(str(tmp_path))
+    assert outputs == {"Trainer": {"model": str(model)}, "Pusher": {}}
+    assert results.artifact_properties(outputs["Trainer"]["model"]) == {"steps": 7}
