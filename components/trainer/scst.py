@@ -154,11 +154,12 @@ def scst_learning_rate(tcfg, total_steps: int):
       A float, or a Keras `CosineDecay` schedule (driven by the optimizer's
       step count, which checkpoints keep, so a resumed phase continues it).
     """
-    import keras
-    if tcfg.scst_lr_schedule == "cosine":
-        return keras.optimizers.schedules.CosineDecay(
-            tcfg.scst_learning_rate, max(1, total_steps), alpha=0.0)
-    return tcfg.scst_learning_rate
+    import dataclasses
+
+    from components.trainer.model_setup import learning_rate_schedule
+    return learning_rate_schedule(dataclasses.replace(
+        tcfg, learning_rate=tcfg.scst_learning_rate, lr_schedule=tcfg.scst_lr_schedule,
+        warmup_steps=0), total_steps)
 
 
 def _make_optimizer(tcfg, total_steps: int):
