@@ -92,7 +92,7 @@ ARTIFACT_LAYOUTS = (
               "whitespace."),
     ArtifactLayout(
         "Model", "Trainer",
-        ((MODEL_FILE, "the final weights"),
+        ((MODEL_FILE, "the final weights (their moving average under `train.scst_average_epochs`)"),
          (BEST_MODEL_FILE, "the best validation score's weights; the Evaluator and Pusher "
           f"use it (`model_file`: `{BEST_MODEL_FILE}`, else `{MODEL_FILE}`)"),
          (CHECKPOINTS_DIR + "/", "the final `tf.train.CheckpointManager` checkpoint"),

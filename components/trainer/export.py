@@ -16,6 +16,7 @@ from typing import Any
 
 from components.contract import schema
 from components.trainer import checkpointing, distribute
+from components.trainer.averaging import averaged_weights
 from components.trainer.phase import LoopSetup, PhaseOutcome
 from components.trainer.summaries import scalar_value
 
@@ -71,7 +72,8 @@ def _write_files(run: TrainedRun) -> None:
         os.path.join(setup.work_dir, "model"), role)
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, schema.MODEL_FILE)
-    checkpointing.atomic_save(outcome.model, model_path)
+    with averaged_weights(outcome.model, outcome.optimizer):  # the weight average, if kept
+        checkpointing.atomic_save(outcome.model, model_path)
     manager = tf.train.CheckpointManager(
         outcome.checkpoint, os.path.join(out_dir, schema.CHECKPOINTS_DIR), max_to_keep=1)
     manager.save(checkpoint_number=int(outcome.state.step.numpy()))

@@ -20,6 +20,7 @@ import time
 
 from components.contract import schema
 from components.trainer import checkpointing, distribute
+from components.trainer.averaging import averaged_weights
 from components.trainer.distribute import broadcast_from_chief, chief_values
 from components.trainer.phase import Handoff, LoopSetup, Phase, PhaseOutcome
 from components.trainer.summaries import summary_image, summary_scalar, summary_text
@@ -276,9 +277,10 @@ class TrainingLoop:
                "seconds": round(time.time() - epoch_start, 2),
                "train_loss": self.final.get("loss")}
         if self.validator is not None:
-            metrics = self._validate()
+            with averaged_weights(self.model, self.optimizer):  # the average, if one is kept
+                metrics = self._validate()
+                note = self._select_best(metrics[self.metric], epoch)
             row.update(metrics)
-            note = self._select_best(metrics[self.metric], epoch)
             self.say(f"epoch {epoch + 1}: loss {row['train_loss'] or float('nan'):.4f}, "
                      + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + note)
         if self.chief:
@@ -353,7 +355,8 @@ class TrainingLoop:
         start = self.best_path
         if not os.path.exists(start) and self.chief:  # no validation split: the final weights
             start = os.path.join(self.phase_dir, f"{self.phase.name}_final.keras")
-            checkpointing.atomic_save(self.model, start)
+            with averaged_weights(self.model, self.optimizer):
+                checkpointing.atomic_save(self.model, start)
         return Handoff(start=start, history=tuple(self.history()), stop_reason=stop_reason)
 
     def history(self) -> list[dict]:
@@ -363,7 +366,7 @@ class TrainingLoop:
     def outcome(self) -> PhaseOutcome:
         """What `export` needs from this (finished) phase."""
         return PhaseOutcome(
-            model=self.model, state=self.state, checkpoint=self.checkpoint, writer=self.writer,
-            timing=self.timing, resumed_from=self.resumed_from, final=self.final,
+            model=self.model, optimizer=self.optimizer, state=self.state,
+            checkpoint=self.checkpoint, writer=self.writer, timing=self.timing, resumed_from=self.resumed_from, final=self.final,
             best_path=self.best_path, metric=self.metric, history=self.history(),
             properties=self.phase.properties(self.state, self.final))

@@ -168,6 +168,7 @@ class PhaseOutcome:
 
     Attributes:
       model: the trained `ShowAttendTell`.
+      optimizer: its optimizer (with the weight average, if the phase keeps one).
       state: its `checkpointing.TrainState`.
       checkpoint: the `tf.train.Checkpoint` of model, optimizer and state.
       writer: the TensorBoard writer (closed by the export on the chief).
@@ -180,6 +181,7 @@ class PhaseOutcome:
       properties: its own Model properties (`Phase.properties`).
     """
     model: Any
+    optimizer: Any
     state: Any
     checkpoint: Any
     writer: Any

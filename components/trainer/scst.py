@@ -24,7 +24,7 @@ import os
 from components.contract import config as config_lib
 from components.contract import schema
 from components.contract.object_words import phrase_role
-from components.trainer import checkpointing, summaries
+from components.trainer import averaging, checkpointing, summaries
 from components.trainer.phase import Handoff, LoopSetup, Phase
 from components.trainer.scst_step import ScstStepOptions
 
@@ -118,12 +118,12 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
                 f"box term weight {tcfg.scst_box_attention:g}, "
                 f"size reward {tcfg.scst_size_reward:g}, "
+                f"{_averaging(tcfg, inputs.steps_per_epoch)}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
                 f"early stopping on val CIDEr")
     return Phase(
         name=PHASE_DIR, folder=PHASE_DIR, inputs=inputs,
-        make_optimizer=functools.partial(_make_optimizer, tcfg,
-                                         inputs.steps_per_epoch * tcfg.scst_epochs),
+        make_optimizer=functools.partial(_make_optimizer, tcfg, inputs.steps_per_epoch),
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
                                     options=ScstStepOptions.from_config(
@@ -162,15 +162,26 @@ def scst_learning_rate(tcfg, total_steps: int):
         warmup_steps=0), total_steps)
 
 
-def _make_optimizer(tcfg, total_steps: int):
-    """A fresh Adam (`FusedAdam`) on `scst_learning_rate`; loss scaling for mixed_float16."""
+def _make_optimizer(tcfg, steps_per_epoch: int):
+    """A fresh Adam (`FusedAdam`) on `scst_learning_rate`, keeping the weight average of
+    `train.scst_average_epochs`; loss scaling for mixed_float16."""
     import keras
 
     from components.trainer.fused_adam import FusedAdam
-    optimizer = FusedAdam(scst_learning_rate(tcfg, total_steps))
+    ema = averaging.momentum(tcfg.scst_average_epochs, steps_per_epoch)
+    optimizer = FusedAdam(scst_learning_rate(tcfg, steps_per_epoch * tcfg.scst_epochs),
+                          use_ema=tcfg.scst_average_epochs > 0, ema_momentum=ema)
     if tcfg.mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def _averaging(tcfg, steps_per_epoch: int) -> str:
+    """The announcement's words for `train.scst_average_epochs`."""
+    if tcfg.scst_average_epochs <= 0:
+        return "the last step's weights validated"
+    return (f"a weight average over {tcfg.scst_average_epochs:g} epochs validated (EMA momentum "
+            f"{averaging.momentum(tcfg.scst_average_epochs, steps_per_epoch):.5f})")
 
 
 def _init_weights(model, chief: bool, say, *, start: str) -> None:
@@ -250,7 +261,7 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "start_cider": read_start_record(phase_dir).get("start_cider"),
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
         "attention_kl": tcfg.scst_attention_kl, "box_attention": tcfg.scst_box_attention,
-        "size_reward": tcfg.scst_size_reward,
+        "size_reward": tcfg.scst_size_reward, "average_epochs": tcfg.scst_average_epochs,
         "learning_rate": tcfg.scst_learning_rate, "lr_schedule": tcfg.scst_lr_schedule,
         "max_length": max_length,
         "reward": "CIDEr-D", "document_frequency_images": scorer.num_documents,

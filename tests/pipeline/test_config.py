@@ -102,6 +102,12 @@ def test_scst_settings_are_checked_together():
         with pytest.raises(config_lib.ConfigError, match="self-critical weights"):
             config_lib.load_config("tiny", [f"{key}=nan"])
     assert config_lib.load_config("tiny", ["train.scst_attention_kl=1"]).train.scst_attention_kl == 1
+    for bad in ("-1.0", "nan", "inf"):
+        with pytest.raises(config_lib.ConfigError,
+                           match=f"train.scst_average_epochs={bad}: the time constant"):
+            config_lib.load_config("tiny", [f"train.scst_average_epochs={bad}"])
+    assert config_lib.load_config(
+        "tiny", ["train.scst_average_epochs=2.5"]).train.scst_average_epochs == 2.5
 
 
 def test_min_delta_must_not_be_negative():

@@ -152,6 +152,7 @@ class TrainConfig:
     scst_epochs: int = 5               # scst: epoch limit of the self-critical phase (early stopping on val CIDEr)
     scst_learning_rate: float = 5e-5   # scst: Adam learning rate (the peak under scst_lr_schedule=cosine)
     scst_lr_schedule: str = "constant"  # scst: constant | cosine (decayed to 0 over train.scst_epochs)
+    scst_average_epochs: float = 0.0   # scst: validate and keep an exponential moving average of the weights with this time constant in epochs, not the last step's weights (0 = off; docs/scst.md)
     scst_samples: int = 5              # scst: captions sampled per image and step
     scst_baseline: str = "greedy"      # scst: greedy (the reward of the greedy caption) | mean (of the image's other samples)
     scst_xe_weight: float = 0.0        # scst: weight of the cross-entropy loss mixed into the self-critical loss

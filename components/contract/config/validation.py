@@ -87,6 +87,9 @@ def validate(config: PipelineConfig) -> PipelineConfig:
            if not getattr(tcfg, k) >= 0]  # NaN fails too
     if bad:
         raise ConfigError(f"{', '.join(bad)}: the self-critical weights are 0 (off) or a positive number")
+    if not 0 <= tcfg.scst_average_epochs < float("inf"):  # NaN fails too
+        raise ConfigError(f"train.scst_average_epochs={tcfg.scst_average_epochs}: the time constant "
+                          "of the weight average is 0 (off) or a positive number of epochs")
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")

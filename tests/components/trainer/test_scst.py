@@ -109,6 +109,31 @@ def test_the_start_model_is_exported_unless_an_scst_epoch_beats_it(source, tmp_p
         assert same
 
 
+def test_the_weight_average_is_validated_and_exported(source, tmp_path, monkeypatch, capfd):
+    from components.trainer import validation
+    validated = []
+
+    def cider(self):  # rising: the last epoch is the best; notes the weights it scores
+        validated.append(checkpointing.weights_digest(self.model))
+        return 0.1 * len(validated)
+
+    monkeypatch.setattr(validation.Validator, "cider", cider)
+    # 4 steps per epoch: a time constant of 1 epoch is a momentum of 1 - 1/4.
+    ctx = _ctx(source, str(tmp_path), _config(**SCST, scst_average_epochs=1))
+    props = trainer.run(ctx)["model"]["properties"]
+    assert "a weight average over 1 epochs validated (EMA momentum 0.75000)" in capfd.readouterr().err
+    assert props["scst"]["average_epochs"] == 1 and props["scst"]["best_epoch"] == 1
+    out = ctx.outputs["model"]
+    final = keras.saving.load_model(os.path.join(out, "model.keras"))
+    best = keras.saving.load_model(os.path.join(out, "best.keras"))
+    assert checkpointing.weights_digest(final) == checkpointing.weights_digest(best) == validated[-1]
+    # The checkpoint keeps the trained weights, which the average is not.
+    trained = keras.saving.load_model(os.path.join(out, "model.keras"))
+    tf.train.Checkpoint(model=trained).restore(
+        tf.train.latest_checkpoint(os.path.join(out, "checkpoints"))).expect_partial()
+    assert checkpointing.weights_digest(trained) != validated[-1]
+
+
 @pytest.mark.parametrize("scores, scst_epochs, best_epoch", [
     # Three epochs under the start (more than the patience of 2), then a gain,
     # then 2 epochs without one: patience counted from the gain only.
