@@ -289,7 +289,7 @@ class TrainingLoop:
         state.epoch.assign_add(1)
         state.step_in_epoch.assign(0)
         stop_reason = ""
-        if self.validator is not None and int(state.bad_epochs.numpy()) >= patience:
+        if self.validator is not None and patience > 0 and int(state.bad_epochs.numpy()) >= patience:
             stop_reason = (f"early stopping: {self.metric} did not improve "
                            f"by more than train.min_delta={self.tcfg.min_delta:g}"
                            f"{' (relative)' if self.metric == 'val_loss' else ''} "
@@ -316,7 +316,8 @@ class TrainingLoop:
             # Still the start model: a phase's first epochs may score below it (a
             # fresh optimizer), so patience counts from the first epoch that beats it.
             return (f" (the start's {metric} {float(state.best_metric.numpy()):.4f} not yet "
-                    "beaten; patience counts from the first epoch that beats it)")
+                    "beaten" + ("; patience counts from the first epoch that beats it)"
+                                if self.phase.patience > 0 else ")"))
         else:
             state.bad_epochs.assign_add(1)
         return (f" (best {metric} {float(state.best_metric.numpy()):.4f} "

@@ -91,7 +91,8 @@ class Phase:
         ends a run whose last epoch was still its best.
       total_steps: the most steps it trains.
       metric: the validation metric that picks the best epoch and stops early.
-      patience: epochs without a better `metric` before it stops early.
+      patience: epochs without a better `metric` before it stops early (0: it
+        does not stop early; it trains `epochs` and keeps the best).
       first_candidate: `(model) -> step`: epochs that end at or before this
         step are not best-model candidates.
       start_competes: a fresh phase first makes its start model the best so

@@ -135,7 +135,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         write_summaries=functools.partial(_write_summaries, tcfg=tcfg),
         progress=f"Trainer ({PHASE_DIR})", stopped="self-critical phase stopped",
         epochs=tcfg.scst_epochs, total_steps=inputs.steps_per_epoch * tcfg.scst_epochs,
-        metric="cider", patience=tcfg.patience, first_candidate=_no_warmup,
+        metric="cider", patience=tcfg.scst_patience, first_candidate=_no_warmup,
         epochs_key="train.scst_epochs", start_competes=True,
         on_start_scored=functools.partial(_start_scored, say=say, chief=role.is_chief,
                                           phase_dir=phase_dir, start=start, history=history),

@@ -102,6 +102,10 @@ def test_scst_settings_are_checked_together():
         with pytest.raises(config_lib.ConfigError, match="self-critical weights"):
             config_lib.load_config("tiny", [f"{key}=nan"])
     assert config_lib.load_config("tiny", ["train.scst_attention_kl=1"]).train.scst_attention_kl == 1
+    for key in ("train.patience", "train.scst_patience"):
+        with pytest.raises(config_lib.ConfigError, match="or 0 for no early stopping"):
+            config_lib.load_config("tiny", [f"{key}=-1"])
+    assert config_lib.load_config("tiny", []).train.scst_patience == 0
     for bad in ("-1.0", "nan", "inf"):
         with pytest.raises(config_lib.ConfigError,
                            match=f"train.scst_average_epochs={bad}: the time constant"):

@@ -133,7 +133,7 @@ class TrainConfig:
     warmup_steps: int = 0              # linear warmup steps
     clip_norm: float = 5.0             # global gradient norm clip (0 = off)
     early_stopping_metric: str = "val_loss"  # val_loss | bleu4 | cider
-    patience: int = 3                  # epochs in a row without a gain above min_delta before stopping (both phases; scst: from the first epoch that beats the start model)
+    patience: int = 3                  # epochs in a row without a gain above min_delta before stopping (0 = no early stopping; the SCST phase has train.scst_patience)
     min_delta: float = 1e-4            # smallest val gain that counts as improving: relative for val_loss, absolute for bleu4 and cider
     val_examples: int = 256            # validation images for early stopping
     checkpoint_every: int = 200        # steps between checkpoints (resume after a crash)
@@ -153,6 +153,7 @@ class TrainConfig:
     scst_learning_rate: float = 5e-5   # scst: Adam learning rate (the peak under scst_lr_schedule=cosine)
     scst_lr_schedule: str = "constant"  # scst: constant | cosine (decayed to 0 over train.scst_epochs)
     scst_average_epochs: float = 0.0   # scst: validate and keep an exponential moving average of the weights with this time constant in epochs, not the last step's weights (0 = off; docs/scst.md)
+    scst_patience: int = 0             # scst: stop after this many epochs in a row without a val CIDEr gain above min_delta, counted from the first epoch that beats the start; 0 = train all train.scst_epochs and keep the best (docs/scst.md)
     scst_samples: int = 5              # scst: captions sampled per image and step
     scst_baseline: str = "greedy"      # scst: greedy (the reward of the greedy caption) | mean (of the image's other samples)
     scst_xe_weight: float = 0.0        # scst: weight of the cross-entropy loss mixed into the self-critical loss

@@ -87,6 +87,10 @@ def validate(config: PipelineConfig) -> PipelineConfig:
            if not getattr(tcfg, k) >= 0]  # NaN fails too
     if bad:
         raise ConfigError(f"{', '.join(bad)}: the self-critical weights are 0 (off) or a positive number")
+    if tcfg.patience < 0 or tcfg.scst_patience < 0:
+        raise ConfigError(f"train.patience={tcfg.patience}, train.scst_patience="
+                          f"{tcfg.scst_patience}: epochs without a gain before stopping are "
+                          ">= 1, or 0 for no early stopping")
     if not 0 <= tcfg.scst_average_epochs < float("inf"):  # NaN fails too
         raise ConfigError(f"train.scst_average_epochs={tcfg.scst_average_epochs}: the time constant "
                           "of the weight average is 0 (off) or a positive number of epochs")

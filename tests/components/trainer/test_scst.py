@@ -134,15 +134,17 @@ def test_the_weight_average_is_validated_and_exported(source, tmp_path, monkeypa
     assert checkpointing.weights_digest(trained) != validated[-1]
 
 
-@pytest.mark.parametrize("scores, scst_epochs, best_epoch", [
+@pytest.mark.parametrize("scores, scst_epochs, patience, best_epoch", [
     # Three epochs under the start (more than the patience of 2), then a gain,
     # then 2 epochs without one: patience counted from the gain only.
-    ([0.5, 0.6, 0.7, 1.2, 1.1, 1.1], 8, 3),
+    ([0.5, 0.6, 0.7, 1.2, 1.1, 1.1], 8, 2, 3),
     # No epoch beats the start: the phase trains to train.scst_epochs, the start kept.
-    ([0.5, 0.6, 0.7, 0.8], 4, -1),
+    ([0.5, 0.6, 0.7, 0.8], 4, 2, -1),
+    # No early stopping (the default): an early best does not end the phase.
+    ([1.2, 1.1, 1.1, 1.1, 1.3, 1.2], 6, 0, 4),
 ])
 def test_patience_counts_from_the_first_epoch_that_beats_the_start(
-        source, tmp_path, monkeypatch, capfd, scores, scst_epochs, best_epoch):
+        source, tmp_path, monkeypatch, capfd, scores, scst_epochs, patience, best_epoch):
     from components.trainer import validation
     calls = []
 
@@ -151,15 +153,16 @@ def test_patience_counts_from_the_first_epoch_that_beats_the_start(
         return ([1.0] + scores)[len(calls) - 1]
 
     monkeypatch.setattr(validation.Validator, "cider", cider)
-    config = _config(**dict(SCST, scst_epochs=scst_epochs, patience=2))
+    # train.patience is the cross-entropy phase's; the SCST phase has its own.
+    config = _config(**dict(SCST, scst_epochs=scst_epochs, scst_patience=patience, patience=1))
     props = trainer.run(_ctx(source, str(tmp_path), config))["model"]["properties"]
     log = capfd.readouterr().err
     assert len(calls) == 1 + len(scores) and props["scst"]["epochs"] == len(scores)
     assert props["scst"]["best_epoch"] == best_epoch
     under_start = sum(score <= 1.0 for score in scores[:best_epoch if best_epoch >= 0 else None])
     assert log.count("not yet beaten; patience counts from the first epoch that beats it") == (
-        under_start)
-    assert ("early stopping: cider did not improve" in log) == (best_epoch >= 0)
+        under_start if patience else 0)
+    assert ("early stopping: cider did not improve" in log) == (best_epoch >= 0 and patience > 0)
 
 
 def test_the_scst_learning_rate_is_constant_or_cosine_decayed_over_the_phase():
