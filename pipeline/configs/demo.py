@@ -71,8 +71,8 @@ def get_config() -> PipelineConfig:
         # >= 0.88 and grounding >= 0.90 in every seed measured, float32 and
         # bfloat16 (24 epochs: relation 0.86-0.94; docs/PERFORMANCE.md, "What the
         # demo config's settings buy"). SCST (`--set train.objective=scst`, docs/scst.md): 5e-4,
-        # up to 12 epochs with early stopping on val CIDEr, since hard attention
-        # gains more slowly than soft. No `bucket_by_length`: it made the Trainer
+        # 12 epochs, keeping the best by val CIDEr, since hard attention gains
+        # more slowly than soft. No `bucket_by_length`: it made the Trainer
         # 1.2-1.3x faster, but relation_accuracy fell to 0.885-0.931 over six
         # runs (seeds 0-2, float32 and bfloat16), against 0.927-0.962 without
         # (docs/PERFORMANCE.md, "What the demo config's settings buy").
