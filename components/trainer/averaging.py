@@ -56,6 +56,9 @@ def averaged_weights(model, optimizer):
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     variables = list(model.trainable_variables)
     trained = [v.numpy() for v in variables]
+    # Keras's one public way to the average, `finalize_variable_values`,
+    # overwrites the weights for good; these private names are pinned by
+    # tests/components/trainer/test_averaging.py.
     stored = inner._model_variables_moving_average
     for variable in variables:
         variable.assign(stored[inner._get_variable_index(variable)])

@@ -329,10 +329,12 @@ def test_the_anchor_weight_needs_the_start_model():
 @pytest.mark.slow
 def test_scst_under_mirrored_on_two_logical_cpus(source, tmp_path):
     tf.constant(0.0) + 1.0  # TF runs here: run() trains `mirrored` in a child process
+    # With the weight average: swapped in and out of mirrored variables.
     config = _config(**dict(SCST, epochs=1, scst_epochs=1, strategy="mirrored",
-                            cpu_logical_devices=2))
+                            cpu_logical_devices=2, scst_average_epochs=1))
     props = trainer.run(_ctx(source, str(tmp_path), config))["model"]["properties"]
     assert props["replicas"] == 2 and props["objective"] == "scst"
+    assert props["scst"]["average_epochs"] == 1
     assert props["steps"] == 4 and props["scst"]["epochs"] == 1
     assert [row.get("phase", "xe") for row in props["history"]] == ["xe", "scst"]
     assert np.isfinite(props["final_loss"]) and props["scst"]["final_reward"] >= 0
