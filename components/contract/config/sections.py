@@ -149,7 +149,7 @@ class TrainConfig:
     init_model: str = ""               # start from this Model folder (or .keras file) instead of fresh weights
     # Self-critical sequence training (docs/scst.md)
     objective: str = "xe"              # xe (cross-entropy, the paper) | scst (cross-entropy, then self-critical fine-tuning on CIDEr-D)
-    scst_epochs: int = 5               # scst: epoch limit of the self-critical phase (early stopping on val CIDEr)
+    scst_epochs: int = 5               # scst: epochs of the self-critical phase; the best val-CIDEr epoch is kept (train.scst_patience stops earlier)
     scst_learning_rate: float = 5e-5   # scst: Adam learning rate (the peak under scst_lr_schedule=cosine)
     scst_lr_schedule: str = "constant"  # scst: constant | cosine (decayed to 0 over train.scst_epochs)
     scst_average_epochs: float = 0.0   # scst: validate and keep an exponential moving average of the weights with this time constant in epochs, not the last step's weights (0 = off; docs/scst.md)
