@@ -30,10 +30,14 @@ def momentum(average_epochs: float, steps_per_epoch: int) -> float:
     return 1.0 - 1.0 / max(1.0, average_epochs * max(1, steps_per_epoch))
 
 
+def _inner(optimizer):
+    """The optimizer a loss-scale wrapper holds, or `optimizer` itself."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def averages(optimizer) -> bool:
     """Whether `optimizer` (or the optimizer a loss-scale wrapper holds) keeps a weight EMA."""
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    return bool(getattr(inner, "use_ema", False))
+    return bool(getattr(_inner(optimizer), "use_ema", False))
 
 
 @contextlib.contextmanager
@@ -53,7 +57,7 @@ def averaged_weights(model, optimizer):
     if not averages(optimizer):
         yield
         return
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner = _inner(optimizer)
     variables = list(model.trainable_variables)
     trained = [v.numpy() for v in variables]
     # Keras's one public way to the average, `finalize_variable_values`,
