@@ -120,7 +120,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"size reward {tcfg.scst_size_reward:g}, "
                 f"{_averaging(tcfg, inputs.steps_per_epoch)}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
-                f"early stopping on val CIDEr")
+                f"{_stopping(tcfg)}")
     return Phase(
         name=PHASE_DIR, folder=PHASE_DIR, inputs=inputs,
         make_optimizer=functools.partial(_make_optimizer, tcfg, inputs.steps_per_epoch),
@@ -174,6 +174,14 @@ def _make_optimizer(tcfg, steps_per_epoch: int):
     if tcfg.mixed_precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def _stopping(tcfg) -> str:
+    """The announcement's words for `train.scst_patience`."""
+    if tcfg.scst_patience <= 0:
+        return "the best val CIDEr epoch kept (no early stopping)"
+    return (f"the best val CIDEr epoch kept, stopping after {tcfg.scst_patience} epochs "
+            f"without a gain")
 
 
 def _averaging(tcfg, steps_per_epoch: int) -> str:

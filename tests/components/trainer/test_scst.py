@@ -163,6 +163,9 @@ def test_patience_counts_from_the_first_epoch_that_beats_the_start(
     assert log.count("not yet beaten; patience counts from the first epoch that beats it") == (
         under_start if patience else 0)
     assert ("early stopping: cider did not improve" in log) == (best_epoch >= 0 and patience > 0)
+    announced = (f"stopping after {patience} epochs without a gain" if patience
+                 else "the best val CIDEr epoch kept (no early stopping)")
+    assert announced in log
 
 
 def test_the_scst_learning_rate_is_constant_or_cosine_decayed_over_the_phase():
