@@ -38,12 +38,15 @@ def _scst_variant(r: Dict[str, Any]) -> str:
     """An SCST record's model: plain, anchored, with the box term, with cross-entropy mixed in, other settings."""
     name = "SCST" + (f" + anchor {num(r['attention_kl'], 2)}" if r["attention_kl"] else "")
     settings = [item.partition("=") for item in r.get("scst_set") or ()]
+    keep = ("scst_box_mode", "=", "keep") in settings  # the box term's keep form
     for key, _, value in settings:
         if key in _LABELLED and float(value):
-            name += f" + {_LABELLED[key]} {num(float(value), 2)}"
+            label = _LABELLED[key] + (" (keep)" if keep and key == "scst_box_attention" else "")
+            name += f" + {label} {num(float(value), 2)}"
     name += f" + cross-entropy {num(r['xe_weight'], 2)}" if r.get("xe_weight") else ""
     other = [f"{key}={value}" for key, _, value in settings  # `--scst-set` beyond those
-             if key not in ("scst_xe_weight", "scst_attention_kl", *_LABELLED)]
+             if key not in ("scst_xe_weight", "scst_attention_kl", *_LABELLED)
+             and not (keep and key == "scst_box_mode")]
     other += [f"{item} in both phases" for item in r.get("set") or ()]  # `--set`
     return name + (f" ({', '.join(other)})" if other else "")
 

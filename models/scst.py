@@ -25,7 +25,10 @@ a start model: at each sampled word that names an object of the image (its
 kind, colour or size; a COCO category), `-log` of the attention mass on the
 grid cells of the boxes of the objects that word names. Attention is a
 function of the words said, so a reward would only change which words are
-said; this term is differentiated and moves where the model looks.
+said; this term is differentiated and moves where the model looks. Its keep form
+(`box_attention_excess`) counts only the part of each word's `-log` mass
+above the start model's at the same word of the same caption: it holds the
+start model's grounding and does not push past it.
 
 The size reward (`with_size_reward`) is a reward, because which size word
 a caption says is a choice of words: `size_truth` reads each caption's
@@ -181,6 +184,20 @@ def box_attention_nll(alpha, targets, regions):
     return -tf.math.log(tf.maximum(mass, KL_FLOOR)) * counted, counted
 
 
+def box_attention_excess(nll, start_nll):
+    """Per word, how far the box term lies above the start model's: `max(nll - start_nll, 0)`.
+
+    Args:
+      nll: (N, T) the model's `box_attention_nll` (0 at words not counted).
+      start_nll: (N, T) the start model's on the same words (a constant).
+    Returns:
+      (N, T) float32, 0 where the model puts at least the start model's mass
+      on the named objects' boxes (and at the words not counted).
+    """
+    start_nll = tf.stop_gradient(tf.cast(start_nll, tf.float32))
+    return tf.nn.relu(tf.cast(nll, tf.float32) - start_nll)
+
+
 # What a word does in an object phrase (`size_truth`'s `word_roles` table):
 # "stop" words (articles, numbers) end the phrase's run of modifiers.
 PHRASE_ROLES = ("other", "stop", "size", "color", "kind")
@@ -262,7 +279,7 @@ def with_size_reward(scorer, word_roles, object_words, weight: float):
 
 
 def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,
-                      objects=None) -> dict:
+                      objects=None, box_start_alpha=None) -> dict:
     """The differentiable part: the advantage-weighted log-likelihood of the samples.
 
     Args:
@@ -274,6 +291,9 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,
         same captions (`teacher_forced_attention`), or None (no anchor).
       objects: `(object_words (batch, M, W), object_cells (batch, M, L))`
         for the box term (see `word_regions`), or None (no box term).
+      box_start_alpha: (batch * K, T, L) the start model's attention on the
+        same captions, or None: with it the box term is its keep form
+        (`box_attention_excess`).
     Returns:
       dict of float32 scalars (sums, so that replicas can share one
       denominator): `policy_sum` = `sum -advantage * log p(w)` over the
@@ -281,8 +301,9 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,
       `nll_sum` (`-log p(w)` summed), `entropy_sum` (the entropy of each
       step's word distribution, summed over those steps), `attention_kl_sum`
       (`attention_kl` summed over the sampled words; 0 without an anchor),
-      `box_nll_sum` and `box_words` (`box_attention_nll` summed, and the
-      words it counted; 0 without `objects`).
+      `box_nll_sum` and `box_words` (`box_attention_nll`, or with
+      `box_start_alpha` `box_attention_excess`, summed, and the words it
+      counted; 0 without `objects`).
     """
     targets, out = _teacher_forced(model, annotations, tokens)
     nll = losses.masked_nll(out["logits"], targets)                          # (bK, T)
@@ -296,8 +317,11 @@ def policy_loss_terms(model, annotations, tokens, advantage, anchor_alpha=None,
     if objects is not None:
         k = tf.shape(tokens)[1]
         object_words, object_cells = (tf.repeat(x, k, axis=0) for x in objects)
-        nll_box, counted = box_attention_nll(
-            out["alpha"], targets, word_regions(targets, object_words, object_cells))
+        regions = word_regions(targets, object_words, object_cells)
+        nll_box, counted = box_attention_nll(out["alpha"], targets, regions)
+        if box_start_alpha is not None:
+            nll_box = box_attention_excess(
+                nll_box, box_attention_nll(box_start_alpha, targets, regions)[0])
         box_nll_sum, box_words = tf.reduce_sum(nll_box), tf.reduce_sum(counted)
     return {"policy_sum": tf.reduce_sum(weight * nll),
             "sample_tokens": tf.reduce_sum(step_mask),

@@ -116,7 +116,8 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"captions up to {max_length} words, learning rate "
                 f"{tcfg.scst_learning_rate:g} ({tcfg.scst_lr_schedule}), cross-entropy weight {tcfg.scst_xe_weight:g}, "
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
-                f"box term weight {tcfg.scst_box_attention:g}, "
+                f"box term weight {tcfg.scst_box_attention:g}"
+                f"{' (keep: above the start model only)' if uses_start_box(tcfg) else ''}, "
                 f"size reward {tcfg.scst_size_reward:g}, "
                 f"{_averaging(tcfg, inputs.steps_per_epoch)}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
@@ -201,8 +202,14 @@ def _init_weights(model, chief: bool, say, *, start: str) -> None:
     say(f"SCST starts from {start}")
 
 
+def uses_start_box(tcfg) -> bool:
+    """Whether the box term is on in its keep form (it reads the start model)."""
+    return tcfg.scst_box_attention > 0 and tcfg.scst_box_mode == "keep"
+
+
 def _make_anchor(strategy, *, config, inputs, start: str):
-    """The frozen start model whose attention anchors SCST's (`train.scst_attention_kl`).
+    """The frozen start model whose attention anchors SCST's (`train.scst_attention_kl`,
+    `train.scst_box_mode=keep`).
 
     Built in the strategy's scope and loaded from `start` on every worker (a
     resumed phase's model holds its checkpoint's weights, not the start's).
@@ -210,7 +217,8 @@ def _make_anchor(strategy, *, config, inputs, start: str):
     from components.trainer.model_setup import build_model, load_weights
     if not os.path.exists(start):
         raise FileNotFoundError(
-            f"train.scst_attention_kl > 0 reads the start model {start} on every worker, "
+            f"train.scst_attention_kl > 0 and train.scst_box_mode=keep read the start model "
+            f"{start} on every worker, "
             "and this worker cannot: put the pipeline root on storage all workers share")
     with strategy.scope():
         anchor = build_model(config.model, inputs.vocab_size, inputs.grid_shape,
@@ -226,7 +234,8 @@ def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer,
     import tensorflow as tf
 
     from components.trainer.scst_step import make_scst_step
-    anchor = make_anchor(strategy) if tcfg.scst_attention_kl > 0 else None
+    anchor = (make_anchor(strategy) if tcfg.scst_attention_kl > 0 or uses_start_box(tcfg)
+              else None)
     step_fn = make_scst_step(strategy, model, optimizer, scorer,
                              options, element_spec,
                              anchor=anchor)
@@ -269,6 +278,7 @@ def _properties(state, final: dict, *, tcfg, start: str, phase_dir: str, max_len
         "start_cider": read_start_record(phase_dir).get("start_cider"),
         "baseline": tcfg.scst_baseline, "xe_weight": tcfg.scst_xe_weight,
         "attention_kl": tcfg.scst_attention_kl, "box_attention": tcfg.scst_box_attention,
+        "box_mode": tcfg.scst_box_mode,
         "size_reward": tcfg.scst_size_reward, "average_epochs": tcfg.scst_average_epochs,
         "learning_rate": tcfg.scst_learning_rate, "lr_schedule": tcfg.scst_lr_schedule,
         "max_length": max_length,

@@ -14,7 +14,9 @@ gradient tape), plus `train.scst_box_attention` times the box term: at each
 sampled word that names an object of the image, `-log` of the attention
 mass on that object's boxes (`models.scst.box_attention_nll`; the batches
 then carry `object_boxes` and `object_words`), divided by the same word
-count. With `train.scst_size_reward` the reward of every caption (the
+count; with `train.scst_box_mode=keep` only each word's excess over the
+start model's box term at that word counts (`models.scst.box_attention_excess`,
+the start model read as for the anchor). With `train.scst_size_reward` the reward of every caption (the
 greedy baseline's too) adds that weight for each size word true of the
 objects its phrase names and subtracts it for each false one
 (`models.scst.with_size_reward`). Gradients are all-reduced, clipped and applied by
@@ -46,6 +48,7 @@ class ScstStepOptions:
       xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
       attention_kl: weight of the attention anchor (0 = none).
       box_attention: weight of the box term (0 = none).
+      box_keep: the box term's keep form (needs the start model as `anchor`).
       grid: `(H, W)` of the annotation grid (the box term's cells).
       size_reward: weight of the size reward (0 = none).
       word_roles: per word id, its index in `models.scst.PHRASE_ROLES`
@@ -59,6 +62,7 @@ class ScstStepOptions:
     xe_weight: float = 0.0
     attention_kl: float = 0.0
     box_attention: float = 0.0
+    box_keep: bool = False
     grid: tuple = (0, 0)
     size_reward: float = 0.0
     word_roles: tuple = ()
@@ -72,6 +76,7 @@ class ScstStepOptions:
                    baseline=tcfg.scst_baseline, xe_weight=tcfg.scst_xe_weight,
                    attention_kl=tcfg.scst_attention_kl,
                    box_attention=tcfg.scst_box_attention,
+                   box_keep=tcfg.scst_box_mode == "keep",
                    grid=(int(grid_shape[0]), int(grid_shape[1])),
                    size_reward=tcfg.scst_size_reward, word_roles=tuple(word_roles))
 
@@ -108,8 +113,8 @@ def _step_outputs(loss, terms: dict, sampled: dict, num_samples: int, batch, **r
 
 def _check_inputs(options: ScstStepOptions, element_spec, anchor) -> None:
     """What the anchor and the box term need: the start model; boxes and the grid."""
-    if options.attention_kl > 0 and anchor is None:
-        raise ValueError("attention_kl > 0 needs the start model as `anchor`")
+    if (options.attention_kl > 0 or options.box_keep) and anchor is None:
+        raise ValueError("attention_kl > 0 and box_keep need the start model as `anchor`")
     if options.box_attention > 0 and not ("object_boxes" in element_spec
                                           and options.grid[0] * options.grid[1] > 0):
         raise ValueError("box_attention > 0 needs batches with object_boxes and "
@@ -137,6 +142,17 @@ def _box_inputs(batch, options: ScstStepOptions):
         return None
     from models import scst
     return batch["object_words"], scst.box_cells(batch["object_boxes"], *options.grid)
+
+
+def _start_attention(anchor, annotations, sampled_tokens, options: ScstStepOptions):
+    """`(for the anchor, for the box term's keep form)`: the start model's attention on the
+    samples (`models.scst.teacher_forced_attention`, read once), or None where not used."""
+    box_keep = options.box_keep and options.box_attention > 0
+    if not (options.attention_kl > 0 or box_keep):
+        return None, None
+    from models import scst
+    alpha = scst.teacher_forced_attention(anchor, annotations, sampled_tokens)
+    return (alpha if options.attention_kl > 0 else None), (alpha if box_keep else None)
 
 
 def _size_reward(scorer, batch, options: ScstStepOptions):
@@ -178,7 +194,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         for the box term `object_boxes` and `object_words` (the size reward:
         `object_words`).
       anchor: the frozen start model whose attention anchors the model's
-        (needed when `options.attention_kl` > 0).
+        (needed when `options.attention_kl` > 0 or `options.box_keep`).
     Returns:
       A `tf.function` of `(batch, seed)`, `seed` an int64 (2,) tensor; its
       result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.
@@ -187,7 +203,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
 
     from components.trainer.step import is_loss_scaled, make_apply
     from models import scst
-    num_samples, xe_weight, kl_weight = options.num_samples, options.xe_weight, options.attention_kl
+    num_samples, xe_weight = options.num_samples, options.xe_weight
     _check_inputs(options, element_spec, anchor)
     replicas = strategy.num_replicas_in_sync
     variables = model.trainable_variables
@@ -209,12 +225,11 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
             tf.reduce_sum(x) for x in size_truth(sampled["tokens"]))
         local_tokens, global_words, global_tokens = _word_counts(
             ctx, sampled["tokens"], tokens, replicas)
-        anchor_alpha = (scst.teacher_forced_attention(anchor, annotations, sampled["tokens"])
-                        if kl_weight > 0 else None)
-        objects = _box_inputs(batch, options)
+        kl_alpha, box_alpha = _start_attention(anchor, annotations, sampled["tokens"], options)
         with tf.GradientTape() as tape:
             terms = scst.policy_loss_terms(model, annotations, sampled["tokens"],
-                                           sampled["advantage"], anchor_alpha, objects)
+                                           sampled["advantage"], kl_alpha,
+                                           _box_inputs(batch, options), box_alpha)
             loss = _per_word_loss(terms, options, global_words)
             nll_sum, num_tokens = tf.zeros(()), local_tokens
             if xe_weight > 0:

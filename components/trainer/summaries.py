@@ -82,7 +82,9 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
         captions' reward; `scst_xe_weight` above 0, the mixed-in
         cross-entropy's NLL; `scst_attention_kl` above 0, the anchor's mean KL
         per word; `scst_box_attention` above 0, the box term per word it
-        counts and the fraction of sampled words it counts; `scst_size_reward`
+        counts (`scst/box_attention_nll`, or with `scst_box_mode=keep`
+        `scst/box_attention_excess`, the excess over the start model's) and
+        the fraction of sampled words it counts; `scst_size_reward`
         above 0, the fraction of the samples' size words that are true and
         how many each sample says (`scst/reward` includes the size reward).
     """
@@ -107,7 +109,8 @@ def write_scst_summaries(writer, step: int, out: dict, optimizer, *, throughput:
     if tcfg.scst_attention_kl > 0:
         values["scst/attention_kl"] = out["attention_kl_sum"] / words
     if tcfg.scst_box_attention > 0:
-        values["scst/box_attention_nll"] = out["box_nll_sum"] / max(out["box_words"], 1.0)
+        key = "excess" if tcfg.scst_box_mode == "keep" else "nll"
+        values[f"scst/box_attention_{key}"] = out["box_nll_sum"] / max(out["box_words"], 1.0)
         values["scst/box_word_fraction"] = out["box_words"] / words
     if tcfg.scst_size_reward > 0:
         values["scst/size_word_accuracy"] = out["size_correct"] / max(out["size_words"], 1.0)

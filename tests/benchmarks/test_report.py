@@ -117,16 +117,20 @@ def test_a_later_record_of_the_same_run_adds_its_variants_to_the_group(tmp_path)
     sized = _scst_run(0, 0.14, 0.03, None)
     both = ["scst_box_attention=1.0", "scst_size_reward=0.5"]
     sized["scst"] = {"plain+" + "+".join(both): {**sized["scst"]["plain"], "scst_set": both}}
+    kept = _scst_run(0, 0.15, 0.0, None)
+    keep = ["scst_box_attention=0.3", "scst_box_mode=keep", "scst_average_epochs=3"]
+    kept["scst"] = {"plain+" + "+".join(keep): {**kept["scst"]["plain"], "scst_set": keep}}
     rows = _targets_table(tmp_path, [("soft-seed0", first), ("soft-seed0-scst_xe_weight0.1", later),
                                      ("soft-seed0-val_examples1000", other),
                                      ("soft-seed0-scst_box_attention1.0", boxed),
                                      ("soft-seed0-scst_box_attention1.0-scst_size_reward0.5",
-                                      sized)])
-    assert [row.split(" | ")[2] for row in rows] == ["SCST", "SCST (val_examples=1000)",
-                                                     "SCST + box term 1.00",
-                                                     "SCST + box term 1.00 + size reward 0.50",
-                                                     "SCST + cross-entropy 0.10"]
-    assert rows[4].split(" | ")[4] == "+10.0%"  # the later record's own figures
+                                      sized),
+                                     ("soft-seed0-scst_box_attention0.3-scst_box_modekeep", kept)])
+    assert [row.split(" | ")[2] for row in rows] == [
+        "SCST", "SCST (val_examples=1000)",
+        "SCST + box term (keep) 0.30 (scst_average_epochs=3)", "SCST + box term 1.00",
+        "SCST + box term 1.00 + size reward 0.50", "SCST + cross-entropy 0.10"]
+    assert rows[5].split(" | ")[4] == "+10.0%"  # the later record's own figures
     assert rows[1].split(" | ")[4] == "+15.0%"
 
 

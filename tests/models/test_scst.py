@@ -231,3 +231,50 @@ def test_the_box_term_of_the_policy_loss_is_computed_in_the_graph(attention):
     assert float(terms["box_words"]) == counted.sum() == 4   # 5 and 9; 4 and 4
     none = scst.policy_loss_terms(model, a, tokens, ones)
     assert float(none["box_nll_sum"]) == float(none["box_words"]) == 0.0
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_the_keep_form_of_the_box_term_counts_only_the_excess_over_the_start(attention):
+    model = make_model(attention, seed=3)
+    a = annotations(batch=2)
+    tokens = np.array([[[5, 6, 2, 0], [9, 2, 0, 0]], [[7, 2, 0, 0], [4, 4, 2, 0]]], np.int32)
+    object_words = np.array([[[5, 9]], [[4, -1]]], np.int32)
+    boxes = np.array([[[0.0, 0.0, 0.5, 0.5]], [[0.5, 0.5, 1.0, 1.0]]], np.float32)
+    cells = scst.box_cells(boxes, 3, 3)
+    ones = np.ones((2, 2), np.float32)
+    # A start model looking everywhere alike: 4 of the 9 cells in each box, -log(4/9) = 0.81,
+    # above the model's at image 1's words and below it at image 0's.
+    start_alpha = tf.fill([4, 4, 9], 1.0 / 9.0)
+    step = tf.function(lambda: scst.policy_loss_terms(model, a, tokens, ones, None,
+                                                      (object_words, cells), start_alpha))
+    with tf.GradientTape() as tape:
+        terms = step()
+    # The reference: per counted word, max(-log mass of the model - (-log mass of the start), 0).
+    targets = tokens.reshape(4, 4)
+    words, boxed = np.repeat(object_words, 2, 0), np.repeat(cells.numpy(), 2, 0)
+    mine, counted = _numpy_box_nll(scst.teacher_forced_attention(model, a, tokens).numpy(),
+                                   targets, words, boxed)
+    theirs, _ = _numpy_box_nll(start_alpha.numpy(), targets, words, boxed)
+    want = np.maximum(mine - theirs, 0.0) * counted
+    assert 0 < (want > 0).sum() < counted.sum()   # the case has words above and below the start
+    np.testing.assert_allclose(float(terms["box_nll_sum"]), want.sum(), rtol=1e-4, atol=1e-6)
+    assert float(terms["box_words"]) == counted.sum() == 4
+    grads = tape.gradient(terms["box_nll_sum"], model.trainable_variables)
+    assert any(g is not None and float(tf.norm(tf.convert_to_tensor(g))) > 0 for g in grads)
+    # Against itself the model has no excess, and the term gives no gradient.
+    itself = scst.teacher_forced_attention(model, a, tokens)
+    with tf.GradientTape() as tape:
+        same = scst.policy_loss_terms(model, a, tokens, ones, None, (object_words, cells), itself)
+    assert float(same["box_nll_sum"]) == 0.0 and float(same["box_words"]) == 4
+    grads = tape.gradient(same["box_nll_sum"], model.trainable_variables)
+    assert all(g is None or float(tf.norm(tf.convert_to_tensor(g))) == 0 for g in grads)
+
+
+def test_the_box_excess_is_a_hinge_at_the_start_models_value():
+    nll = tf.constant([[0.5, 2.0, 0.0]])
+    start = tf.constant([[1.0, 1.5, 0.0]])
+    np.testing.assert_allclose(scst.box_attention_excess(nll, start).numpy(), [[0.0, 0.5, 0.0]])
+    with tf.GradientTape() as tape:
+        tape.watch(start)
+        out = tf.reduce_sum(scst.box_attention_excess(nll, start))
+    assert tape.gradient(out, start) is None   # the start model's value is a constant

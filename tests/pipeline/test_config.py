@@ -102,6 +102,12 @@ def test_scst_settings_are_checked_together():
         with pytest.raises(config_lib.ConfigError, match="self-critical weights"):
             config_lib.load_config("tiny", [f"{key}=nan"])
     assert config_lib.load_config("tiny", ["train.scst_attention_kl=1"]).train.scst_attention_kl == 1
+    with pytest.raises(config_lib.ConfigError, match="scst_box_mode=keep .*scst_box_attention above 0"):
+        config_lib.load_config("tiny", ["train.scst_box_mode=keep"])
+    with pytest.raises(config_lib.ConfigError, match="'kept' is not one of: raise, keep"):
+        config_lib.load_config("tiny", ["train.scst_box_mode=kept"])
+    assert config_lib.load_config("tiny", ["train.scst_box_mode=keep",
+                                           "train.scst_box_attention=0.3"]).train.scst_box_mode == "keep"
     for key in ("train.patience", "train.scst_patience"):
         with pytest.raises(config_lib.ConfigError, match="or 0 for no early stopping"):
             config_lib.load_config("tiny", [f"{key}=-1"])

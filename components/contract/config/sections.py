@@ -159,6 +159,7 @@ class TrainConfig:
     scst_xe_weight: float = 0.0        # scst: weight of the cross-entropy loss mixed into the self-critical loss
     scst_attention_kl: float = 0.0     # scst: weight of the attention anchor, the KL from the start model's attention map to the model's per sampled word (docs/scst.md)
     scst_box_attention: float = 0.0    # scst: weight of the box term: at each sampled word naming an object of the image (kind, colour, size; a COCO category), -log of the attention mass on its boxes (needs data with boxes; docs/scst.md)
+    scst_box_mode: str = "raise"       # scst: raise (the box term counts every word's -log box mass) | keep (only the part above the start model's at that word: it holds the start model's grounding and does not push past it; reads the start model each step; docs/scst.md)
     scst_size_reward: float = 0.0      # scst: reward per size word of a sampled caption's object phrase: +weight when one object its phrase names has that size, -weight when none has (synthetic data; docs/scst.md)
     scst_max_length: int = 0           # scst: longest sampled caption in words (0 = the longest training reference + 1)
     scst_require_converged: bool = True  # scst: refuse to start from a model whose val_loss still fell >= 1% in its last epoch

@@ -47,6 +47,34 @@ def _check_decoder_options(model) -> None:
         raise ConfigError(f"model.{e}") from None
 
 
+def _check_train(tcfg) -> None:
+    """The `train` rules that span keys: the self-critical settings, patience, min_delta."""
+    if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
+        raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
+                          f"samples: it needs train.scst_samples >= 2, got {tcfg.scst_samples}")
+    if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
+        raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
+                          "train.scst_epochs >= 1")
+    if not tcfg.min_delta >= 0:
+        raise ConfigError(f"train.min_delta={tcfg.min_delta}: the smallest gain that counts "
+                          "must be >= 0 (relative for val_loss, absolute for bleu4 and cider)")
+    weights = ("scst_attention_kl", "scst_xe_weight", "scst_box_attention", "scst_size_reward")
+    bad = [f"train.{k}={getattr(tcfg, k)}" for k in weights
+           if not getattr(tcfg, k) >= 0]  # NaN fails too
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: the self-critical weights are 0 (off) or a positive number")
+    if tcfg.scst_box_mode == "keep" and not tcfg.scst_box_attention > 0:
+        raise ConfigError("train.scst_box_mode=keep sets how the box term counts: it needs "
+                          "train.scst_box_attention above 0 (e.g. 0.3)")
+    if tcfg.patience < 0 or tcfg.scst_patience < 0:
+        raise ConfigError(f"train.patience={tcfg.patience}, train.scst_patience="
+                          f"{tcfg.scst_patience}: epochs without a gain before stopping are "
+                          ">= 1, or 0 for no early stopping")
+    if not 0 <= tcfg.scst_average_epochs < float("inf"):  # NaN fails too
+        raise ConfigError(f"train.scst_average_epochs={tcfg.scst_average_epochs}: the time constant "
+                          "of the weight average is 0 (off) or a positive number of epochs")
+
+
 def validate(config: PipelineConfig) -> PipelineConfig:
     """Checks enumerated values, metric names and rules that span keys.
 
@@ -72,28 +100,7 @@ def validate(config: PipelineConfig) -> PipelineConfig:
                           f"{' or '.join(INSTANCE_SOURCES)} (COCO images), not {data.source!r}: "
                           "leave it empty")
     _check_thresholds(ev, data)
-    tcfg = config.train
-    if tcfg.objective == "scst" and tcfg.scst_baseline == "mean" and tcfg.scst_samples < 2:
-        raise ConfigError(f"train.scst_baseline=mean compares each sample with the image's other "
-                          f"samples: it needs train.scst_samples >= 2, got {tcfg.scst_samples}")
-    if tcfg.objective == "scst" and (tcfg.scst_samples < 1 or tcfg.scst_epochs < 1):
-        raise ConfigError("train.objective=scst needs train.scst_samples >= 1 and "
-                          "train.scst_epochs >= 1")
-    if not tcfg.min_delta >= 0:
-        raise ConfigError(f"train.min_delta={tcfg.min_delta}: the smallest gain that counts "
-                          "must be >= 0 (relative for val_loss, absolute for bleu4 and cider)")
-    weights = ("scst_attention_kl", "scst_xe_weight", "scst_box_attention", "scst_size_reward")
-    bad = [f"train.{k}={getattr(tcfg, k)}" for k in weights
-           if not getattr(tcfg, k) >= 0]  # NaN fails too
-    if bad:
-        raise ConfigError(f"{', '.join(bad)}: the self-critical weights are 0 (off) or a positive number")
-    if tcfg.patience < 0 or tcfg.scst_patience < 0:
-        raise ConfigError(f"train.patience={tcfg.patience}, train.scst_patience="
-                          f"{tcfg.scst_patience}: epochs without a gain before stopping are "
-                          ">= 1, or 0 for no early stopping")
-    if not 0 <= tcfg.scst_average_epochs < float("inf"):  # NaN fails too
-        raise ConfigError(f"train.scst_average_epochs={tcfg.scst_average_epochs}: the time constant "
-                          "of the weight average is 0 (off) or a positive number of epochs")
+    _check_train(config.train)
     if model.reinforce_baseline == "expected" and model.reinforce_credit != "token":
         raise ConfigError("model.reinforce_baseline=expected is a per-word baseline: "
                           "it needs model.reinforce_credit=token")

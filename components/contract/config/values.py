@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.early_stopping_metric": EARLY_STOPPING_METRICS,
     "train.objective": ("xe", "scst"),
     "train.scst_baseline": ("greedy", "mean"),
+    "train.scst_box_mode": ("raise", "keep"),
     "train.cache": ("auto", "true", "false"),
     "encoder.mixed_precision": precision.CHOICES,
     "train.mixed_precision": precision.CHOICES,

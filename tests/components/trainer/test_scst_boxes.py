@@ -1,4 +1,4 @@
-"""train.scst_box_attention: object boxes in the SCST batches, the box term in training, the refusal without boxes."""
+"""train.scst_box_attention: object boxes in the SCST batches, the box term (and its keep form) in training, the refusal without boxes."""
 from __future__ import annotations
 
 import os
@@ -122,6 +122,74 @@ def test_the_box_term_moves_attention_into_the_boxes():
     assert boxed_nll < 0.5 * free, (boxed_nll, free)
 
 
+def test_the_keep_form_holds_the_start_models_grounding():
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    from tests.components.trainer.test_scst import _references
+    refs, scorer = _references()
+    a = annotations(seed=3, batch=2)
+    boxes = np.array([[[0.0, 0.0, 0.3, 0.3]], [[0.7, 0.7, 1.0, 1.0]]], np.float32)
+    words = np.array([[[5, 6, 7]], [[8, 9, 10]]], np.int32)
+    batch = {"annotations": tf.constant(a), "tokens": tf.constant(refs[:, 0]),
+             "references": tf.constant(refs), "object_boxes": tf.constant(boxes),
+             "object_words": tf.constant(words)}
+    spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
+    probe = tf.constant(refs[:, :1, 1:])
+    cells = scst_terms.box_cells(boxes, 3, 3)
+
+    def box_nll(model):
+        terms = scst_terms.policy_loss_terms(model, a, probe, np.ones((2, 1), np.float32),
+                                             None, (words, cells))
+        return float(terms["box_nll_sum"]) / float(terms["box_words"])
+
+    def trained(weight, keep, steps, start=None, anchor=None):
+        model = make_model("soft", seed=0, dropout=0.0)
+        if start is not None:
+            model.set_weights(start.get_weights())
+        optimizer = keras.optimizers.Adam(0.05)
+        optimizer.build(model.trainable_variables)
+        options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=4,
+                                  max_length=5, box_attention=weight, box_keep=keep, grid=(3, 3))
+        step = make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options,
+                              spec, anchor=anchor)
+        outs = [step(batch, tf.constant([0, i], tf.int64)) for i in range(steps)]
+        return model, outs
+
+    fresh = box_nll(make_model("soft", seed=0, dropout=0.0))
+    start, _ = trained(1.0, False, 2)        # two steps of the box term: a grounded start
+    level = box_nll(start)
+    assert level < fresh - 0.5, (level, fresh)
+    # CIDEr alone drifts away from the boxes in this toy; the keep form holds the start's level.
+    drifted, _ = trained(0.0, False, 30, start=start)
+    kept, outs = trained(1.0, True, 30, start=start, anchor=start)
+    assert box_nll(drifted) > level + 0.3, (box_nll(drifted), level)
+    assert box_nll(kept) <= level, (box_nll(kept), level)
+    assert float(outs[0]["box_nll_sum"]) == 0.0 and float(outs[0]["box_words"]) > 0
+    assert max(float(o["box_nll_sum"]) for o in outs) > 0   # it acted where words fell below
+    # At the start model the term is zero and adds no gradient: the step is CIDEr's alone.
+    one_kept, _ = trained(1.0, True, 1, start=start, anchor=start)
+    one_free, _ = trained(0.0, False, 1, start=start)
+    for x, y in zip(one_kept.get_weights(), one_free.get_weights(), strict=True):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-7)
+    # Below the start model's grounding it pulls the model up towards it.
+    pulled, outs = trained(1.0, True, 30, anchor=start)
+    assert float(outs[0]["box_nll_sum"]) > 0
+    assert box_nll(pulled) < fresh - 0.5 * (fresh - level), (box_nll(pulled), level, fresh)
+
+
+def test_the_keep_form_needs_the_start_model():
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    from tests.components.trainer.test_scst import _references
+    _, scorer = _references()
+    spec = {"annotations": tf.TensorSpec([2, 9, 16]), "tokens": tf.TensorSpec([2, 5], tf.int32),
+            "references": tf.TensorSpec([2, 2, 5], tf.int32),
+            "object_boxes": tf.TensorSpec([2, 1, 4]), "object_words": tf.TensorSpec([2, 1, 3], tf.int32)}
+    options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=2, max_length=5,
+                              box_attention=1.0, box_keep=True, grid=(3, 3))
+    with pytest.raises(ValueError, match="box_keep need the start model"):
+        make_scst_step(tf.distribute.get_strategy(), make_model("soft"), None, scorer, options,
+                       spec)
+
+
 def test_the_box_weight_needs_boxes_in_the_batches():
     from components.trainer.scst_step import ScstStepOptions, make_scst_step
     from tests.components.trainer.test_scst import _references
@@ -151,6 +219,18 @@ def test_scst_with_the_box_term_trains_and_logs_it(boxed, tmp_path, capfd):
     nll = [v for _, v in events["scst/box_attention_nll"]]
     assert len(fraction) == 8 and all(0 < f <= 1 for f in fraction)
     assert all(np.isfinite(v) and v > 0 for v in nll)
+
+
+def test_scst_with_the_keep_form_reads_the_start_model_and_logs_the_excess(boxed, tmp_path,
+                                                                          capfd):
+    props, err, events = scst_run(boxed, str(tmp_path), capfd, scst_box_attention=1.0,
+                                  scst_box_mode="keep")
+    assert (props["box_attention"], props["box_mode"]) == (1.0, "keep")
+    assert "box term weight 1 (keep: above the start model only)" in err
+    excess = [v for _, v in events["scst/box_attention_excess"]]
+    assert "scst/box_attention_nll" not in events
+    assert len(excess) == 8 and all(np.isfinite(v) and v >= 0 for v in excess)
+    assert excess[0] == 0.0   # the first step's model is the start model
 
 
 def test_the_box_term_is_refused_on_data_without_boxes(source, tmp_path):
