@@ -17,7 +17,8 @@ with the 95% interval. (The grounding metrics need the attention maps,
 which the captions files do not hold.)
 
 Prints one JSON line per pair and writes them with `write_result`
-("scst_versus").
+("scst_versus"; with `--variant V`, `scst_versus-V-<date>-<host>.json`, so
+that two calls on one day and host keep two records).
 """
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ def main(argv=None) -> int:
     p.add_argument("--pair", nargs=2, action="append", required=True,
                    metavar=("CANDIDATE", "BASELINE"),
                    help="two roots whose last runs evaluated a model on the same test images")
+    p.add_argument("--variant", default="",
+                   help="a name for this call's record (e.g. soft-seed9-keep), so that "
+                        "calls on one day and host do not overwrite each other's")
     args = p.parse_args(argv)
     results = []
     for candidate, baseline in args.pair:
@@ -84,7 +88,7 @@ def main(argv=None) -> int:
                **versus(_captions(candidate), _captions(baseline))}
         results.append(row)
         print(json.dumps(row), flush=True)
-    write_result("scst_versus", {"pairs": results}, argv=argv)
+    write_result("scst_versus", {"pairs": results}, argv=argv, variant=args.variant)
     return 0
 
 

@@ -63,3 +63,8 @@ def test_the_script_reads_each_roots_evaluation_and_records_every_pair(tmp_path)
     assert lines[0]["CIDEr"]["difference"] == pytest.approx(-lines[1]["CIDEr"]["difference"])
     (record,) = (tmp_path / "results").glob("scst_versus-*.json")
     assert json.loads(record.read_text())["figures"]["pairs"] == lines
+    # A second call of the day with --variant keeps its own record.
+    run_benchmark("scst_versus", ["--pair", good, poor, "--variant", "soft-seed9-keep"],
+                  tmp_path / "results")
+    named = sorted(p.name for p in (tmp_path / "results").glob("scst_versus-*.json"))
+    assert len(named) == 2 and named[1].startswith("scst_versus-soft-seed9-keep-"), named
