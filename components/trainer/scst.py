@@ -110,6 +110,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
     max_length = tcfg.scst_max_length or longest + 1
     inputs = scst_inputs(setup.inputs, config)
     roles = word_roles(setup.inputs.id_to_word) if tcfg.scst_size_reward > 0 else ()
+    options = ScstStepOptions.from_config(tcfg, max_length, inputs.grid_shape, roles)
     announce = (f"self-critical training (SCST): {tcfg.scst_samples} samples per image, "
                 f"{tcfg.scst_baseline} baseline, CIDEr-D reward (document frequencies of "
                 f"{scorer.num_documents} training images, {scorer.num_keys} n-grams), "
@@ -117,7 +118,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
                 f"{tcfg.scst_learning_rate:g} ({tcfg.scst_lr_schedule}), cross-entropy weight {tcfg.scst_xe_weight:g}, "
                 f"attention anchor weight {tcfg.scst_attention_kl:g}, "
                 f"box term weight {tcfg.scst_box_attention:g}"
-                f"{' (keep: above the start model only)' if uses_start_box(tcfg) else ''}, "
+                f"{' (keep: above the start model only)' if options.box_keep else ''}, "
                 f"size reward {tcfg.scst_size_reward:g}, "
                 f"{_averaging(tcfg, inputs.steps_per_epoch)}, "
                 f"{inputs.steps_per_epoch} steps/epoch x {tcfg.scst_epochs} epochs, "
@@ -127,8 +128,7 @@ def scst_phase(setup: LoopSetup, handoff: Handoff, *, annotations_uri: str) -> P
         make_optimizer=functools.partial(_make_optimizer, tcfg, inputs.steps_per_epoch),
         init_weights=functools.partial(_init_weights, start=start),
         make_step=functools.partial(_make_step, tcfg=tcfg, scorer=scorer,
-                                    options=ScstStepOptions.from_config(
-                                        tcfg, max_length, inputs.grid_shape, roles),
+                                    options=options,
                                     make_anchor=functools.partial(
                                         _make_anchor, config=config, inputs=setup.inputs,
                                         start=start)),
@@ -202,11 +202,6 @@ def _init_weights(model, chief: bool, say, *, start: str) -> None:
     say(f"SCST starts from {start}")
 
 
-def uses_start_box(tcfg) -> bool:
-    """Whether the box term is on in its keep form (it reads the start model)."""
-    return tcfg.scst_box_attention > 0 and tcfg.scst_box_mode == "keep"
-
-
 def _make_anchor(strategy, *, config, inputs, start: str):
     """The frozen start model whose attention anchors SCST's (`train.scst_attention_kl`,
     `train.scst_box_mode=keep`).
@@ -234,8 +229,7 @@ def _make_step(strategy, model, optimizer, element_spec, *, tcfg, scorer,
     import tensorflow as tf
 
     from components.trainer.scst_step import make_scst_step
-    anchor = (make_anchor(strategy) if tcfg.scst_attention_kl > 0 or uses_start_box(tcfg)
-              else None)
+    anchor = make_anchor(strategy) if options.reads_start_model else None
     step_fn = make_scst_step(strategy, model, optimizer, scorer,
                              options, element_spec,
                              anchor=anchor)

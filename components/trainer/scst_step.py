@@ -48,7 +48,8 @@ class ScstStepOptions:
       xe_weight: weight of the mixed-in cross-entropy loss (0 = none).
       attention_kl: weight of the attention anchor (0 = none).
       box_attention: weight of the box term (0 = none).
-      box_keep: the box term's keep form (needs the start model as `anchor`).
+      box_keep: the box term's keep form (with `box_attention` > 0; needs
+        the start model as `anchor`).
       grid: `(H, W)` of the annotation grid (the box term's cells).
       size_reward: weight of the size reward (0 = none).
       word_roles: per word id, its index in `models.scst.PHRASE_ROLES`
@@ -66,6 +67,11 @@ class ScstStepOptions:
     grid: tuple = (0, 0)
     size_reward: float = 0.0
     word_roles: tuple = ()
+
+    @property
+    def reads_start_model(self) -> bool:
+        """Whether the step reads the start model: the anchor, or the box term's keep form."""
+        return self.attention_kl > 0 or (self.box_keep and self.box_attention > 0)
 
     @classmethod
     def from_config(cls, tcfg, max_length: int, grid_shape=(0, 0),
@@ -113,7 +119,7 @@ def _step_outputs(loss, terms: dict, sampled: dict, num_samples: int, batch, **r
 
 def _check_inputs(options: ScstStepOptions, element_spec, anchor) -> None:
     """What the anchor and the box term need: the start model; boxes and the grid."""
-    if (options.attention_kl > 0 or options.box_keep) and anchor is None:
+    if options.reads_start_model and anchor is None:
         raise ValueError("attention_kl > 0 and box_keep need the start model as `anchor`")
     if options.box_attention > 0 and not ("object_boxes" in element_spec
                                           and options.grid[0] * options.grid[1] > 0):
@@ -147,12 +153,12 @@ def _box_inputs(batch, options: ScstStepOptions):
 def _start_attention(anchor, annotations, sampled_tokens, options: ScstStepOptions):
     """`(for the anchor, for the box term's keep form)`: the start model's attention on the
     samples (`models.scst.teacher_forced_attention`, read once), or None where not used."""
-    box_keep = options.box_keep and options.box_attention > 0
-    if not (options.attention_kl > 0 or box_keep):
+    if not options.reads_start_model:
         return None, None
     from models import scst
     alpha = scst.teacher_forced_attention(anchor, annotations, sampled_tokens)
-    return (alpha if options.attention_kl > 0 else None), (alpha if box_keep else None)
+    return ((alpha if options.attention_kl > 0 else None),
+            (alpha if options.box_keep and options.box_attention > 0 else None))
 
 
 def _size_reward(scorer, batch, options: ScstStepOptions):
@@ -194,7 +200,7 @@ def make_scst_step(strategy, model, optimizer, scorer, options: ScstStepOptions,
         for the box term `object_boxes` and `object_words` (the size reward:
         `object_words`).
       anchor: the frozen start model whose attention anchors the model's
-        (needed when `options.attention_kl` > 0 or `options.box_keep`).
+        (needed when `options.reads_start_model`).
     Returns:
       A `tf.function` of `(batch, seed)`, `seed` an int64 (2,) tensor; its
       result holds `SUM_KEYS` summed and `MEAN_KEYS` averaged over replicas.

@@ -1,6 +1,7 @@
 """train.scst_box_attention: object boxes in the SCST batches, the box term (and its keep form) in training, the refusal without boxes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import keras
@@ -86,44 +87,10 @@ def test_records_without_boxes_give_empty_objects(source):
     assert batch["object_boxes"].shape == (8, 0, 4) and batch["object_words"].shape[:2] == (8, 0)
 
 
-def test_the_box_term_moves_attention_into_the_boxes():
-    from components.trainer.scst_step import ScstStepOptions, make_scst_step
-    from tests.components.trainer.test_scst import _references
-    refs, scorer = _references()
-    a = annotations(seed=3, batch=2)
-    # Each image's object sits in one corner cell of the 3x3 grid; words 5..10 name them.
-    boxes = np.array([[[0.0, 0.0, 0.3, 0.3]], [[0.7, 0.7, 1.0, 1.0]]], np.float32)
-    words = np.array([[[5, 6, 7]], [[8, 9, 10]]], np.int32)
-    batch = {"annotations": tf.constant(a), "tokens": tf.constant(refs[:, 0]),
-             "references": tf.constant(refs), "object_boxes": tf.constant(boxes),
-             "object_words": tf.constant(words)}
-    probe = tf.constant(refs[:, :1, 1:])  # the first references, as if sampled
-    cells = scst_terms.box_cells(boxes, 3, 3)
-
-    def trained(weight):
-        model = make_model("soft", seed=0, dropout=0.0)
-        optimizer = keras.optimizers.Adam(0.05)
-        optimizer.build(model.trainable_variables)
-        spec = {k: tf.TensorSpec(v.shape, v.dtype) for k, v in batch.items()}
-        options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=4,
-                                  max_length=5, box_attention=weight, grid=(3, 3))
-        step = make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options,
-                              spec)
-        outs = [step(batch, tf.constant([0, i], tf.int64)) for i in range(30)]
-        terms = scst_terms.policy_loss_terms(model, a, probe, np.ones((2, 1), np.float32),
-                                             None, (words, cells))
-        return float(terms["box_nll_sum"]) / float(terms["box_words"]), outs
-
-    free, free_outs = trained(0.0)
-    boxed_nll, outs = trained(1.0)
-    assert float(free_outs[-1]["box_words"]) == 0.0     # not computed without the weight
-    assert float(outs[0]["box_words"]) > 0
-    # -log of the mass in the boxes: a uniform map has 1 of 9 cells, -log(1/9) = 2.2.
-    assert boxed_nll < 0.5 * free, (boxed_nll, free)
-
-
-def test_the_keep_form_holds_the_start_models_grounding():
-    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+def _corner_case():
+    """`(scorer, batch, its spec, box_nll(model))`: two images, each with one object in a
+    corner cell of the 3x3 grid, named by words 5..10; `box_nll` is a model's box term per
+    counted word on the first references, as if sampled."""
     from tests.components.trainer.test_scst import _references
     refs, scorer = _references()
     a = annotations(seed=3, batch=2)
@@ -140,6 +107,36 @@ def test_the_keep_form_holds_the_start_models_grounding():
         terms = scst_terms.policy_loss_terms(model, a, probe, np.ones((2, 1), np.float32),
                                              None, (words, cells))
         return float(terms["box_nll_sum"]) / float(terms["box_words"])
+
+    return scorer, batch, spec, box_nll
+
+
+def test_the_box_term_moves_attention_into_the_boxes():
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    scorer, batch, spec, box_nll = _corner_case()
+
+    def trained(weight):
+        model = make_model("soft", seed=0, dropout=0.0)
+        optimizer = keras.optimizers.Adam(0.05)
+        optimizer.build(model.trainable_variables)
+        options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=4,
+                                  max_length=5, box_attention=weight, grid=(3, 3))
+        step = make_scst_step(tf.distribute.get_strategy(), model, optimizer, scorer, options,
+                              spec)
+        outs = [step(batch, tf.constant([0, i], tf.int64)) for i in range(30)]
+        return box_nll(model), outs
+
+    free, free_outs = trained(0.0)
+    boxed_nll, outs = trained(1.0)
+    assert float(free_outs[-1]["box_words"]) == 0.0     # not computed without the weight
+    assert float(outs[0]["box_words"]) > 0
+    # -log of the mass in the boxes: a uniform map has 1 of 9 cells, -log(1/9) = 2.2.
+    assert boxed_nll < 0.5 * free, (boxed_nll, free)
+
+
+def test_the_keep_form_holds_the_start_models_grounding():
+    from components.trainer.scst_step import ScstStepOptions, make_scst_step
+    scorer, batch, spec, box_nll = _corner_case()
 
     def trained(weight, keep, steps, start=None, anchor=None):
         model = make_model("soft", seed=0, dropout=0.0)
@@ -185,6 +182,8 @@ def test_the_keep_form_needs_the_start_model():
             "object_boxes": tf.TensorSpec([2, 1, 4]), "object_words": tf.TensorSpec([2, 1, 3], tf.int32)}
     options = ScstStepOptions(clip_norm=5.0, global_batch_size=2, num_samples=2, max_length=5,
                               box_attention=1.0, box_keep=True, grid=(3, 3))
+    assert options.reads_start_model
+    assert not dataclasses.replace(options, box_attention=0.0).reads_start_model  # term off
     with pytest.raises(ValueError, match="box_keep need the start model"):
         make_scst_step(tf.distribute.get_strategy(), make_model("soft"), None, scorer, options,
                        spec)
